@@ -1,0 +1,1 @@
+"""Instructor tooling: release, collect, sandboxed autograde, feedback and export."""
