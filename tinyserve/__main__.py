@@ -1,0 +1,112 @@
+"""One command line for the course: ``python -m tinyserve COMMAND``.
+
+  generate    continue a prompt with a shipped model
+  train       train a preset (target or draft) and ship its weights
+  export-hf   write a Hugging Face Llama folder
+  model-card  recompute the figures the README's model card quotes
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from .checkpoint import MODEL_NAMES, load_model
+    from .generate import generate_ids
+    from .tokenizer import load_tokenizer
+
+    if args.model not in MODEL_NAMES:
+        raise ValueError(f"unknown model {args.model!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    if args.prompt is None and args.example is None:
+        raise ValueError("give a prompt with --prompt TEXT, or --example N for a sample ticket.")
+    if args.example is not None:
+        from .corpus import example_prompts
+        prompt = example_prompts(args.example + 1)[args.example]
+    else:
+        prompt = args.prompt
+    if not prompt.strip():
+        raise ValueError("the prompt is empty; give some text with --prompt.")
+    tok = load_tokenizer()
+    model = load_model(args.model)
+    ids = tok.encode(prompt)
+    if args.echo or args.example is not None:
+        print(prompt, end="", flush=True)
+    out: list[int] = []
+    for token in generate_ids(model, ids, args.max_tokens, temperature=args.temperature,
+                              seed=args.seed, stop_ids=(tok.eos_id,)):
+        out.append(token)
+    print(tok.decode(out, skip_special=True))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import train
+    report = train(args.preset, steps=args.steps, save=not args.no_save)
+    print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=2))
+    return 0
+
+
+def _cmd_export_hf(args: argparse.Namespace) -> int:
+    from .hf_export import export_hf
+    out = export_hf(args.out_dir, args.model)
+    print(f"wrote a Hugging Face Llama checkpoint to {out}")
+    return 0
+
+
+def _cmd_model_card(args: argparse.Namespace) -> int:
+    from .model_card import model_card
+    card = model_card()
+    print(card["markdown"])
+    if args.json:
+        Path(args.json).write_text(json.dumps(card["figures"], indent=2) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tinyserve", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="continue a prompt")
+    g.add_argument("--prompt", help="text to continue (ticket markers like <|ticket|> allowed)")
+    g.add_argument("--example", type=int, metavar="N",
+                   help="use the N-th held-out sample ticket as the prompt")
+    g.add_argument("--max-tokens", type=int, default=200)
+    g.add_argument("--model", default="target", help="target or draft")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--echo", action="store_true", help="print the prompt before the output")
+    g.set_defaults(func=_cmd_generate)
+
+    t = sub.add_parser("train", help="train a preset and ship its weights")
+    t.add_argument("--preset", required=True, choices=["target", "draft"])
+    t.add_argument("--steps", type=int, default=None, help="override the preset's step count")
+    t.add_argument("--no-save", action="store_true", help="do not overwrite shipped weights")
+    t.set_defaults(func=_cmd_train)
+
+    e = sub.add_parser("export-hf", help="write a Hugging Face Llama folder")
+    e.add_argument("out_dir")
+    e.add_argument("--model", default="target", choices=["target", "draft"])
+    e.set_defaults(func=_cmd_export_hf)
+
+    c = sub.add_parser("model-card", help="recompute the model card's figures")
+    c.add_argument("--json", help="also write the figures as JSON to this path")
+    c.set_defaults(func=_cmd_model_card)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        # A user-facing error: one clear line, no traceback.
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

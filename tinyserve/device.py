@@ -1,0 +1,39 @@
+"""Where tensors live: CPU by default, CUDA when present, ``TINYSERVE_DEVICE`` to override."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENV_VAR = "TINYSERVE_DEVICE"
+
+
+def default_device() -> torch.device:
+    """The device the course runs on unless told otherwise.
+
+    ``TINYSERVE_DEVICE=cpu`` forces the CPU on a GPU machine (useful to compare the two);
+    ``TINYSERVE_DEVICE=cuda:1`` picks a GPU.
+    """
+    wanted = os.environ.get(ENV_VAR, "").strip()
+    if wanted:
+        device = torch.device(wanted)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"{ENV_VAR}={wanted!r} but CUDA is not available on this machine; "
+                f"unset {ENV_VAR} or set it to 'cpu'."
+            )
+        return device
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on GPU (half the bytes, tensor cores), fp32 on CPU (bf16 matmuls are slow there
+    and fp32 keeps the equivalence tests tight)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def resolve(device: torch.device | str | None = None,
+            dtype: torch.dtype | None = None) -> tuple[torch.device, torch.dtype]:
+    """Fill in whatever the caller left out."""
+    dev = torch.device(device) if device is not None else default_device()
+    return dev, (dtype if dtype is not None else default_dtype(dev))

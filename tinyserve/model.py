@@ -1,0 +1,217 @@
+"""A tiny Llama: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, tied embeddings.
+
+Module and parameter names follow Hugging Face's ``LlamaForCausalLM`` (``model.layers.0.
+self_attn.q_proj`` ...), so exporting is a rename-free copy of the state dict.
+
+The forward pass takes token ids *and their positions*. Positions drive two things: the
+rotary angle of each query and key, and the causal mask (a query at position p may attend to
+keys at positions <= p). Passing them explicitly is what lets a KV cache be threaded through
+later: cached keys keep the positions they were written at, and a decode step supplies just
+one new position.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+class KVStore(Protocol):
+    """What attention needs from a KV cache (implemented by the cache modules).
+
+    ``update`` stores this step's keys and values for layer ``layer`` and returns every key
+    and value the new queries may look at, with the position of each key. A key position
+    below zero marks an empty or padded slot that no query may attend to.
+    """
+
+    def update(self, layer: int, k: Tensor, v: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned gain (no mean, no bias)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 whatever the model dtype: the mean of squares underflows in bf16.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, shape (B, T, head_dim).
+
+    Pair i of each head rotates by ``position * theta^(-2i/head_dim)``: low pairs spin fast,
+    high pairs slowly. Halves are laid out as in Hugging Face ([x_0..x_{d/2}) paired with
+    [x_{d/2}..x_d)), which keeps weights interchangeable with ``transformers``.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq          # (B, T, head_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)              # (B, T, head_dim)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate queries or keys (B, heads, T, head_dim) by their positions' angles."""
+    cos, sin = cos[:, None], sin[:, None]                     # broadcast over heads
+    return x * cos + _rotate_half(x) * sin
+
+
+def causal_mask(q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    """Boolean mask (B, 1, Tq, Tk): True where a query may attend to a key.
+
+    A key is visible when it is not empty (position >= 0) and not in the query's future.
+    Written from positions, not a fixed triangle, so the same rule covers a full prompt,
+    a cached decode step and (later) padded batches.
+    """
+    visible = (k_positions[:, None, :] <= q_positions[:, :, None]) & (k_positions[:, None, :] >= 0)
+    return visible[:, None]
+
+
+class Attention(nn.Module):
+    """Grouped-query attention: ``num_attention_heads`` query heads share
+    ``num_key_value_heads`` KV heads, so the cache stores n_rep times fewer keys/values."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = (cfg.num_attention_heads,
+                                                  cfg.num_key_value_heads, cfg.head_dim)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
+                cache: KVStore | None = None, contiguous: bool = False) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, heads, T, head_dim)
+
+        if cache is None:
+            k_positions = positions
+        else:  # the cache stores rotated keys, so they are never rotated twice
+            k, v, k_positions = cache.update(self.layer, k, v, positions)
+
+        # Each KV head serves n_rep consecutive query heads (the layout HF's repeat_kv uses).
+        n_rep = self.n_heads // self.n_kv
+        k = k.repeat_interleave(n_rep, dim=1)                 # (B, heads, Tk, head_dim)
+        v = v.repeat_interleave(n_rep, dim=1)
+        if cache is None and contiguous:
+            # Same rule as causal_mask for positions 0..T-1, but lets SDPA pick a fused kernel.
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(positions, k_positions))
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
+                cache: KVStore | None = None, contiguous: bool = False) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, cos, sin, cache, contiguous)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """The decoder stack without the LM head (``model.`` in Hugging Face's names)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class TinyLlama(nn.Module):
+    """Token ids and positions in, next-token logits out."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            # One matrix reads tokens in and scores them out: saves vocab x hidden parameters.
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def num_parameters(self) -> int:
+        """Unique parameters (the tied embedding counts once)."""
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+    def forward(self, input_ids: Tensor, positions: Tensor | None = None,
+                cache: KVStore | None = None) -> Tensor:
+        """``input_ids`` (B, T) -> logits (B, T, vocab), float32.
+
+        ``positions`` (B, T) or (T,) defaults to 0..T-1. Positions must lie inside the
+        context window; the error says so rather than failing deep inside attention.
+        """
+        B, T = input_ids.shape
+        contiguous = positions is None  # 0..T-1 in every row: the plain causal triangle
+        if positions is None:
+            positions = torch.arange(T, device=input_ids.device)
+        if positions.dim() == 1:
+            positions = positions.expand(B, T)
+        limit = self.config.max_position_embeddings
+        if T and int(positions.max()) >= limit:
+            raise ValueError(
+                f"position {int(positions.max())} is outside the context window of {limit} "
+                f"tokens; shorten the prompt or lower max_tokens so prompt + output <= {limit}.")
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, positions, cos, sin, cache, contiguous)
+        return self.lm_head(self.model.norm(x)).float()

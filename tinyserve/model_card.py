@@ -1,0 +1,67 @@
+"""The figures the README's model card quotes, recomputed from the shipped weights.
+
+``python -m tinyserve model-card`` reloads both models, re-measures validation loss on the
+held-out tickets and the draft's greedy agreement with the target, and reads the training
+time from each model's training report (a time cannot be recomputed without retraining).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .checkpoint import load_model, load_report
+from .corpus import build_corpus
+from .train import TRAIN_PRESETS, eval_windows, evaluate_loss, greedy_agreement, token_stream
+
+
+def model_card() -> dict[str, Any]:
+    torch.manual_seed(0)
+    tcfg = TRAIN_PRESETS["target"]
+    _, val_texts = build_corpus(seed=tcfg.seed)
+    windows = eval_windows(token_stream(val_texts), tcfg.seq_len, tcfg.eval_tokens)
+    models = {name: load_model(name, device="cpu", dtype=torch.float32)
+              for name in ("target", "draft")}
+    figures: dict[str, Any] = {}
+    for name, model in models.items():
+        report = load_report(name)
+        loss = evaluate_loss(model, windows)
+        cfg = model.config
+        figures[name] = {
+            "parameters": model.num_parameters(),
+            "layers": cfg.num_hidden_layers, "hidden_size": cfg.hidden_size,
+            "query_heads": cfg.num_attention_heads, "kv_heads": cfg.num_key_value_heads,
+            "context_window": cfg.max_position_embeddings,
+            "flops_per_token": cfg.flops_per_token(),
+            "train_seconds": report.get("train_seconds"),
+            "train_tokens_seen": report.get("train_tokens_seen"),
+            "val_loss": round(loss, 4), "val_perplexity": round(math.exp(loss), 2),
+        }
+    figures["draft"]["greedy_agreement_with_target"] = round(
+        greedy_agreement(models["target"], models["draft"], windows), 4)
+    figures["flops_ratio_target_over_draft"] = round(
+        figures["target"]["flops_per_token"] / figures["draft"]["flops_per_token"], 2)
+    figures["val_tokens"] = int(windows[:, 1:].numel())
+
+    t, d = figures["target"], figures["draft"]
+    rows = [
+        ("parameters", f"{t['parameters']:,}", f"{d['parameters']:,}"),
+        ("layers / hidden / query heads / KV heads",
+         f"{t['layers']} / {t['hidden_size']} / {t['query_heads']} / {t['kv_heads']}",
+         f"{d['layers']} / {d['hidden_size']} / {d['query_heads']} / {d['kv_heads']}"),
+        ("context window (tokens)", str(t["context_window"]), str(d["context_window"])),
+        ("forward FLOPs per token", f"{t['flops_per_token']:,}", f"{d['flops_per_token']:,}"),
+        ("training time, 2 CPU cores (s)", str(t["train_seconds"]), str(d["train_seconds"])),
+        ("training tokens seen", f"{t['train_tokens_seen']:,}" if t["train_tokens_seen"] else "?",
+         f"{d['train_tokens_seen']:,}" if d["train_tokens_seen"] else "?"),
+        ("validation loss (nats/token)", f"{t['val_loss']:.3f}", f"{d['val_loss']:.3f}"),
+        ("validation perplexity", f"{t['val_perplexity']:.2f}", f"{d['val_perplexity']:.2f}"),
+        ("greedy next-token agreement with target", "-",
+         f"{d['greedy_agreement_with_target']:.1%}"),
+    ]
+    lines = ["| | target | draft |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    lines.append(f"\nValidation: {figures['val_tokens']:,} held-out tokens; the draft costs "
+                 f"{figures['flops_ratio_target_over_draft']}x fewer FLOPs per token.")
+    return {"figures": figures, "markdown": "\n".join(lines)}
