@@ -9,7 +9,7 @@ reproduces it byte for byte::
 Everything is drawn from ``random.Random(SEED)``. Lengths follow a heavy-tailed mix chosen so
 that the averages land near the brief's 1,500 input and 200 output tokens per request:
 most tickets are short, a few are medium, and a handful carry a pasted log or export that
-pushes them to about 16k tokens (one is past any 16,384-token context on purpose).
+pushes them to about 15.5k prompt tokens (one is past any 16,384-token context on purpose).
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def make_tickets(rng: random.Random) -> list[dict]:
         category = rng.choices(categories, weights)[0]
         if i in long_slots:
             k = long_slots.index(i)
-            prompt = 19_200 if k == 2 else rng.randint(15_600, 16_100)
+            prompt = 19_200 if k == 2 else rng.randint(15_200, 15_800)
             output = rng.randint(180, 280)
             subject = LONG_SUBJECTS[k]
             category = "data-export" if k % 2 == 0 else "integration"
