@@ -1,0 +1,127 @@
+"""The model's invariants: shapes, grouped-query attention, causality, rotary positions."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinyserve.config import PRESETS, ModelConfig
+from tinyserve.model import TinyLlama, apply_rope, causal_mask, rope_cos_sin
+
+SMALL = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyLlama:
+    torch.manual_seed(0)
+    return TinyLlama(SMALL).eval()
+
+
+def test_logits_shape_and_dtype(model: TinyLlama) -> None:
+    ids = torch.randint(0, SMALL.vocab_size, (3, 10))
+    logits = model(ids)
+    assert logits.shape == (3, 10, SMALL.vocab_size)
+    assert logits.dtype == torch.float32
+
+
+def test_grouped_query_attention_has_fewer_kv_heads(model: TinyLlama) -> None:
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.out_features == SMALL.num_attention_heads * SMALL.head_dim
+    assert attn.k_proj.out_features == SMALL.num_key_value_heads * SMALL.head_dim
+    assert attn.v_proj.out_features == SMALL.num_key_value_heads * SMALL.head_dim
+    assert SMALL.n_rep == 2
+
+
+def test_embeddings_are_tied_and_counted_once(model: TinyLlama) -> None:
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    h, v, L, f = SMALL.hidden_size, SMALL.vocab_size, SMALL.num_hidden_layers, SMALL.intermediate_size
+    kv = SMALL.num_key_value_heads * SMALL.head_dim
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # projections, MLP, two norms
+    assert model.num_parameters() == v * h + L * per_layer + h
+
+
+def test_shipped_presets_sizes() -> None:
+    target, draft = TinyLlama(PRESETS["target"]), TinyLlama(PRESETS["draft"])
+    assert 5_000_000 <= target.num_parameters() <= 10_000_000
+    ratio = PRESETS["target"].flops_per_token(256) / PRESETS["draft"].flops_per_token(256)
+    assert 8 <= ratio <= 12, f"draft should cost ~10x fewer FLOPs per token, got {ratio:.1f}x"
+    assert draft.config.num_key_value_heads < draft.config.num_attention_heads
+
+
+def test_future_tokens_do_not_change_past_logits(model: TinyLlama) -> None:
+    ids = torch.randint(0, SMALL.vocab_size, (1, 12))
+    changed = ids.clone()
+    changed[0, 7:] = (changed[0, 7:] + 1) % SMALL.vocab_size
+    a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_explicit_positions_match_fused_causal_path(model: TinyLlama) -> None:
+    ids = torch.randint(0, SMALL.vocab_size, (2, 16))
+    fused = model(ids)                                # positions=None: is_causal kernel
+    masked = model(ids, torch.arange(16))             # explicit positions: boolean mask
+    torch.testing.assert_close(fused, masked, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_of_a_batch_are_independent(model: TinyLlama) -> None:
+    ids = torch.randint(0, SMALL.vocab_size, (4, 9))
+    batched = model(ids)
+    for i in range(4):
+        torch.testing.assert_close(batched[i: i + 1], model(ids[i: i + 1]), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_makes_attention_depend_only_on_relative_position(model: TinyLlama) -> None:
+    # RoPE is the model's only source of position, so shifting every position by the same
+    # amount must leave the logits unchanged.
+    ids = torch.randint(0, SMALL.vocab_size, (1, 10))
+    base = model(ids, torch.arange(10))
+    shifted = model(ids, torch.arange(10) + 37)
+    torch.testing.assert_close(base, shifted, rtol=1e-4, atol=1e-4)
+
+
+def test_rope_rotation_preserves_norm_and_relative_dot_product() -> None:
+    torch.manual_seed(1)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def rotated(x: torch.Tensor, pos: int) -> torch.Tensor:
+        cos, sin = rope_cos_sin(torch.tensor([[pos]]), 16, 10000.0, torch.float32)
+        return apply_rope(x, cos, sin)
+
+    torch.testing.assert_close(rotated(q, 5).norm(), q.norm())
+    d1 = (rotated(q, 9) * rotated(k, 4)).sum()
+    d2 = (rotated(q, 25) * rotated(k, 20)).sum()
+    torch.testing.assert_close(d1, d2, rtol=1e-5, atol=1e-5)
+
+
+def test_causal_mask_hides_future_and_empty_slots() -> None:
+    q_pos = torch.tensor([[2, 3]])
+    k_pos = torch.tensor([[0, 1, 2, 3, -1]])            # -1: an empty slot
+    mask = causal_mask(q_pos, k_pos)[0, 0]
+    assert mask.tolist() == [[True, True, True, False, False],
+                             [True, True, True, True, False]]
+
+
+def test_position_outside_context_window_is_a_clear_error(model: TinyLlama) -> None:
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="context window of 64 tokens"):
+        model(ids, torch.tensor([64]))
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"hidden_size": 30, "num_attention_heads": 4}, "divisible"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+])
+def test_invalid_configs_are_rejected(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        ModelConfig(**kwargs)
+
+
+@pytest.mark.gpu
+def test_model_runs_in_bf16_on_cuda() -> None:
+    torch.manual_seed(0)
+    m = TinyLlama(SMALL).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, SMALL.vocab_size, (2, 8), device="cuda")
+    ref = TinyLlama(SMALL).eval()
+    ref.load_state_dict({k: v.float().cpu() for k, v in m.state_dict().items()})
+    torch.testing.assert_close(m(ids).cpu(), ref(ids.cpu()), rtol=0.05, atol=0.05)
