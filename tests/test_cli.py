@@ -1,0 +1,49 @@
+"""The command line: useful output, and one clear line (no traceback) for bad input."""
+from __future__ import annotations
+
+import pytest
+
+from tinyserve.__main__ import main
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_empty_prompt_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "generate", "--prompt", "   ")
+    assert code == 2 and "prompt is empty" in err and "Traceback" not in err
+
+
+def test_unknown_model_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--model", "giant")
+    assert code == 2 and "unknown model 'giant'" in err and "target, draft" in err
+
+
+def test_prompt_longer_than_the_context_window(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "generate", "--prompt", "word " * 2000, "--max-tokens", "5")
+    assert code == 2
+    assert "context window is 512" in err and "shorten the prompt" in err
+
+
+def test_negative_temperature_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--temperature", "-1")
+    assert code == 2 and "temperature must be >= 0" in err
+
+
+def test_generate_drafts_a_reply_for_a_ticket(capsys: pytest.CaptureFixture[str]) -> None:
+    from tinyserve.corpus import generate_tickets, prompt_for
+    ticket = generate_tickets(1, seed=987)[0]
+    code, out, _ = _run(capsys, "generate", "--prompt", prompt_for(ticket), "--max-tokens", "60")
+    assert code == 0
+    # A trained model greets the customer by name, as every reply in the corpus does.
+    assert ticket.customer in out[:80], out[:200]
+
+
+def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ("generate", "--prompt", "<|ticket|>Subject:", "--max-tokens", "12",
+            "--temperature", "1.0", "--seed", "7")
+    first, second = _run(capsys, *args), _run(capsys, *args)
+    assert first[0] == 0 and first[1] == second[1]
