@@ -1,0 +1,212 @@
+"""The Harbor capacity worksheet: a valid nbgrader source, correct numbers, named mistakes.
+
+Three notebook runs (about 2 s each on 2 cores): the source with its hidden tests, the release
+form left blank, and the typical wrong submission with the hidden tests merged back in the way
+nbgrader's autograde restores test cells (by grade_id).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE_DIR = ROOT / "solutions" / "harbor_capacity"
+SOURCE = SOURCE_DIR / "harbor_capacity.ipynb"
+FIXTURES = ROOT / "tests" / "fixtures" / "harbor"
+TICKETS = ROOT / "harbor_project" / "fixtures" / "tickets.jsonl"
+TICKET_FIELDS = {"id": str, "workspace": str, "category": str, "prompt_tokens": int,
+                 "output_tokens": int, "subject": str}
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+
+
+def _meta(cell) -> dict:
+    return cell.metadata.get("nbgrader", {})
+
+
+def _is_test(cell) -> bool:
+    return bool(_meta(cell).get("grade")) and not _meta(cell).get("solution")
+
+
+def _execute(nb, workdir: Path, allow_errors: bool):
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=allow_errors,
+                            resources={"metadata": {"path": str(workdir)}})
+    client.execute()
+    return nb
+
+
+def _errors(nb) -> dict[str, dict]:
+    """grade_id -> the error output of every test cell that raised."""
+    found = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and _is_test(cell):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    found[_meta(cell)["grade_id"]] = out
+    return found
+
+
+def _release(nb):
+    """The learner's copy, made with nbgrader's own preprocessors (as `release` does)."""
+    from nbgrader.preprocessors import (CheckCellMetadata, ClearHiddenTests, ClearOutput,
+                                        ClearSolutions, ComputeChecksums, LockCells)
+    resources: dict = {}
+    for pp in (LockCells, ClearSolutions, ClearOutput, CheckCellMetadata, ComputeChecksums,
+               ClearHiddenTests, ComputeChecksums, CheckCellMetadata):
+        nb, resources = pp().preprocess(nb, resources)
+    return nb
+
+
+@pytest.fixture(scope="module")
+def source():
+    return nbformat.read(SOURCE, as_version=4)
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return json.loads((FIXTURES / "expected.json").read_text())
+
+
+# ------------------------------------------------------------------ the source notebook
+
+def test_source_is_valid_nbgrader(source, expected):
+    ids = [_meta(c)["grade_id"] for c in source.cells if _meta(c)]
+    assert len(ids) == len(set(ids)), "grade_ids must be unique"
+    for cell in source.cells:
+        assert cell.get("outputs", []) == [] and cell.get("execution_count") is None, \
+            "the source notebook is committed without outputs"
+        meta = _meta(cell)
+        if not meta:
+            continue
+        gid = meta["grade_id"]
+        assert meta["schema_version"] == 3, gid
+        assert re.fullmatch(r"[A-Za-z0-9_]+", gid), gid
+        if meta["grade"]:
+            assert meta.get("points", 0) > 0, f"{gid}: graded cells carry points"
+        if _is_test(cell):
+            assert cell.cell_type == "code" and meta["locked"], f"{gid}: test cells are locked code"
+            assert not re.search(r"^\s*assert\b", cell.source, re.M), \
+                f"{gid}: test cells use the testkit helpers, not bare assert"
+        if meta["solution"] and cell.cell_type == "code":
+            assert cell.source.count("### BEGIN SOLUTION") == cell.source.count("### END SOLUTION") >= 1, gid
+        if "HIDDEN TESTS" in cell.source:
+            assert _is_test(cell), f"{gid}: hidden tests only inside test cells"
+        if meta["solution"] and meta["grade"]:
+            assert cell.cell_type == "markdown", f"{gid}: written answers are markdown"
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert _meta(first)["locked"] and not _meta(first)["grade"]
+    assert "from autograder.testkit import" in first.source
+    # The points in the notebook are the ones the pipeline fixture expects.
+    tests = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells if _is_test(c)}
+    manual = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells
+              if _meta(c).get("grade") and _meta(c).get("solution")}
+    assert tests == expected["test_cells"] and manual == expected["manual_cells"]
+    assert sum(tests.values()) == expected["autograded_max"] == 27
+    assert sum(manual.values()) == expected["manual_max"] == 10
+
+
+# Appended to the executed source: the numbers the seed's sample artifact and brief state.
+PROBE = """
+print("PROBE " + json.dumps({
+    "worked": WORKED_EXAMPLE_BYTES,
+    "gb": bytes_to_gb(WORKED_EXAMPLE_BYTES), "gib": bytes_to_gib(WORKED_EXAMPLE_BYTES),
+    "table": {str(c): [bytes_to_gib(kv_bytes_for(c, n)) for n in (1, 16)] for c in (4096, 8192, 16384)},
+    "demand": phase_demand(20, 1500, 200),
+    "ratios": [DOUBLE_CONTEXT_RATIO, TWO_KV_HEADS_RATIO],
+    "long_16k_gib": bytes_to_gib(kv_bytes_for(16384, 1)),
+}))
+"""
+
+
+def test_solution_runs_clean_and_matches_the_sample_artifact(source):
+    nb = nbformat.from_dict(json.loads(json.dumps(source)))  # a copy
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
+    _execute(nb, SOURCE_DIR, allow_errors=False)  # any failing visible or hidden test raises
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    got = json.loads(text.split("PROBE ", 1)[1])
+    assert got["worked"] == 1_073_741_824
+    assert got["gib"] == 1.0 and got["gb"] == pytest.approx(1.0737, abs=1e-4)
+    assert got["table"] == {"4096": [0.5, 8.0], "8192": [1.0, 16.0], "16384": [2.0, 32.0]}
+    assert got["demand"]["prefill_tokens_per_s"] == pytest.approx(500.0)
+    assert got["demand"]["decode_tokens_per_s"] == pytest.approx(66.7, abs=0.05)
+    assert got["ratios"] == [2.0, 0.25]
+    assert got["long_16k_gib"] == 2.0
+
+
+def test_blank_release_fails_every_test_cell_and_leaks_nothing(source, tmp_path):
+    nb = _release(nbformat.from_dict(json.loads(json.dumps(source))))
+    text = nbformat.writes(nb)
+    for marker in MARKERS:
+        assert marker not in text
+    shutil.copy(SOURCE_DIR / "tickets.jsonl", tmp_path)
+    _execute(nb, tmp_path, allow_errors=True)
+    n_tests = sum(1 for c in nb.cells if _is_test(c))
+    assert set(_errors(nb)) == {_meta(c)["grade_id"] for c in nb.cells if _is_test(c)}
+    assert n_tests == 15
+
+
+# ------------------------------------------------------------------ fixtures
+
+def test_ticket_fixtures_parse_with_documented_fields():
+    rows = [json.loads(line) for line in TICKETS.read_text().splitlines()]
+    assert len(rows) == 200
+    readme = (TICKETS.parent / "README.md").read_text()
+    for name in TICKET_FIELDS:
+        assert f"`{name}`" in readme, f"README documents {name}"
+    for row in rows:
+        assert set(row) == set(TICKET_FIELDS)
+        for name, kind in TICKET_FIELDS.items():
+            assert type(row[name]) is kind, (row["id"], name)
+        assert row["prompt_tokens"] > 0 and row["output_tokens"] > 0
+    assert len({r["id"] for r in rows}) == 200
+    long = [r for r in rows if r["prompt_tokens"] > 15_000]
+    assert 3 <= len(long) <= 8, "a few long tickets, no more"
+    mean_prompt = sum(r["prompt_tokens"] for r in rows) / len(rows)
+    mean_output = sum(r["output_tokens"] for r in rows) / len(rows)
+    assert 1_400 < mean_prompt < 1_600 and 180 < mean_output < 220, "near the brief's 1,500 / 200"
+    # The notebook's copy is the same file, and the generator reproduces it.
+    assert (SOURCE_DIR / "tickets.jsonl").read_bytes() == TICKETS.read_bytes()
+    sys.path.insert(0, str(ROOT / "harbor_project" / "tools"))
+    try:
+        import make_tickets
+    finally:
+        sys.path.pop(0)
+    import random
+    assert make_tickets.render(make_tickets.make_tickets(random.Random(make_tickets.SEED))) \
+        == TICKETS.read_text()
+
+
+# ------------------------------------------------------------------ the typical wrong submission
+
+def test_typical_wrong_fails_exactly_the_expected_cells(source, expected, tmp_path):
+    nb = nbformat.read(FIXTURES / "typical_wrong.ipynb", as_version=4)
+    text = nbformat.writes(nb)
+    for marker in MARKERS:
+        assert marker not in text, "the fixture is a release-form submission"
+    # Restore the test cells from the source, hidden tests included, as autograde does.
+    source_tests = {_meta(c)["grade_id"]: c.source for c in source.cells if _is_test(c)}
+    for cell in nb.cells:
+        if _is_test(cell):
+            cell.source = source_tests[_meta(cell)["grade_id"]]
+    shutil.copy(SOURCE_DIR / "tickets.jsonl", tmp_path)
+    _execute(nb, tmp_path, allow_errors=True)
+
+    errors = _errors(nb)
+    want = expected["submissions"]["typical_wrong"]
+    score = 0
+    for gid, outcome in want["tests"].items():
+        if outcome["passes"]:
+            assert gid not in errors, f"{gid} should pass: {errors.get(gid, {}).get('evalue')}"
+            score += expected["test_cells"][gid]
+        else:
+            assert gid in errors, f"{gid} should fail"
+            assert errors[gid]["ename"] == outcome["error"]
+            for fragment in outcome["message_contains"]:
+                assert fragment in errors[gid]["evalue"], (gid, errors[gid]["evalue"])
+    assert score == want["autograded_score"] == 20
