@@ -1,0 +1,207 @@
+"""The sandbox a submission's kernel runs in.
+
+Grading starts kernels through a kernelspec of ours whose argv is this module. Running on the
+host (trusted, usually as root), it hands the connection file to the sandbox user and then
+replaces itself with ``bwrap``, which runs ``autograder.kernel_boot`` inside:
+
+- no network namespace (no interfaces but loopback), own PID, IPC and UTS namespaces;
+- a filesystem of read-only binds only: the OS (``/usr``), the Python installation, the
+  virtual environment and the ``autograder``/``tinyserve`` package sources, plus a tmpfs
+  ``/tmp`` and the submission's own run folder (the only writable path). ``solutions/``,
+  ``grading/`` and other students' folders simply do not exist in there;
+- kernel_boot then sets rlimits (memory, processes, file size, CPU time), drops to an
+  unprivileged uid and installs an audit hook before ipykernel starts. The wall-clock limit is
+  enforced from outside by the executor.
+
+Per-submission settings travel in the ``AUTOGRADER_SANDBOX`` environment variable (JSON), so
+one kernelspec serves every submission.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+KERNEL_NAME = "tinyserve-sandbox"
+BASE_UID = 61000  # sandbox uids are BASE_UID + worker slot, so slots never share a process quota
+
+
+@dataclass
+class Limits:
+    memory_mb: int = 3072       # address space; `import torch` alone maps about 0.8 GB
+    processes: int = 256        # threads count too (torch and zmq start several)
+    file_size_mb: int = 64
+    cpu_seconds: int = 300
+    open_files: int = 1024
+
+
+@dataclass
+class SandboxSpec:
+    run_dir: str                 # the only writable path; holds home/ (cwd) and the audit log
+    uid: int = BASE_UID
+    limits: Limits = field(default_factory=Limits)
+    isolate: bool = True         # False only with --unsafe: no bwrap, limits and audit kept
+
+    @property
+    def home(self) -> str:
+        return os.path.join(self.run_dir, "home")
+
+    @property
+    def audit_log(self) -> str:
+        return os.path.join(self.run_dir, "audit.log")
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> "SandboxSpec":
+        data = json.loads(text)
+        data["limits"] = Limits(**data["limits"])
+        return cls(**data)
+
+
+def package_dirs() -> list[str]:
+    """Source folders of the packages graded code may import (never the repository root)."""
+    import autograder
+    dirs = [str(Path(autograder.__file__).resolve().parent)]
+    try:
+        import tinyserve
+        dirs.append(str(Path(tinyserve.__file__).resolve().parent))
+    except Exception:  # tinyserve is optional for grading
+        pass
+    return dirs
+
+
+def readonly_roots() -> list[str]:
+    """What the kernel may read: the OS, the Python installation, the venv, package sources."""
+    roots = {"/usr"}
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]):
+        roots.add(str(Path(p).resolve()))
+    roots.update(package_dirs())
+    # Drop roots nested in another root.
+    return sorted(r for r in roots
+                  if not any(r != o and r.startswith(o.rstrip("/") + "/") for o in roots))
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def sandbox_available() -> tuple[bool, str]:
+    """Whether bwrap can build our sandbox here; the message says what to do if not."""
+    exe = bwrap_path()
+    if exe is None:
+        return False, ("bubblewrap (bwrap) is not installed: install it with "
+                       "`apt-get install bubblewrap` (or `make system-deps` as root)")
+    probe = [exe, *_namespace_args(), "--ro-bind", "/", "/", "--proc", "/proc", "true"]
+    proc = subprocess.run(probe, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return False, (f"bwrap is installed but cannot create a sandbox here: "
+                       f"{proc.stderr.strip() or proc.returncode}")
+    return True, "ok"
+
+
+def _namespace_args() -> list[str]:
+    args = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if os.getuid() != 0:
+        args.insert(0, "--unshare-user")  # unprivileged bwrap needs a user namespace
+    return args
+
+
+def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
+    exe = bwrap_path()
+    assert exe is not None
+    argv = [exe, *_namespace_args()]  # the environment is the minimal one launch() passes
+    dirs: set[str] = set()
+
+    def ensure_parents(path: str) -> None:
+        # bwrap creates missing parents mode 0700 as root; the sandbox user must traverse them.
+        parts = Path(path).parts
+        for i in range(2, len(parts)):
+            d = str(Path(*parts[:i]))
+            if d not in dirs:
+                dirs.add(d)
+                argv.extend(["--perms", "0755", "--dir", d])
+
+    for link in ("lib", "lib64", "bin", "sbin"):
+        target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else None
+        if target and not target.startswith("/"):
+            argv.extend(["--symlink", target, f"/{link}"])
+        elif os.path.isdir(f"/{link}"):
+            argv.extend(["--ro-bind", f"/{link}", f"/{link}"])
+    for root in readonly_roots():
+        ensure_parents(root)
+        argv.extend(["--ro-bind", root, root])
+    for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
+        argv.extend(["--ro-bind-try", etc, etc])
+    argv.extend(["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"])
+    ensure_parents(spec.run_dir)
+    argv.extend(["--bind", spec.run_dir, spec.run_dir, "--chdir", spec.home])
+    if os.getuid() == 0:
+        # kernel_boot needs these two to drop to the sandbox uid; it then has no capability.
+        argv.extend(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"])
+    return [*argv, "--", *inner]
+
+
+def kernel_env(spec: SandboxSpec) -> dict[str, str]:
+    """The whole environment the kernel sees (nothing of the grader's leaks in)."""
+    return {
+        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": spec.home, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
+        "IPYTHONDIR": "/tmp/.ipython", "MPLCONFIGDIR": "/tmp/.mpl", "MPLBACKEND": "Agg",
+        "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": "/tmp/.jupyter",
+        "PYTHONDONTWRITEBYTECODE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        "OMP_NUM_THREADS": "1", "TINYSERVE_DEVICE": "cpu",
+        "AUTOGRADER_SANDBOX": spec.to_env(),
+        "AUTOGRADER_READ_ROOTS": json.dumps(readonly_roots()),
+    }
+
+
+def write_kernelspec(folder: Path) -> Path:
+    """Write our kernelspec into ``folder/KERNEL_NAME`` and return the kernels folder."""
+    spec_dir = folder / KERNEL_NAME
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "autograder.sandbox", "{connection_file}"],
+        "display_name": "tinyserve grading sandbox",
+        "language": "python",
+        # Signals cannot cross into bwrap's PID namespace reliably; ask ipykernel by message.
+        "interrupt_mode": "message",
+    }, indent=1))
+    return folder
+
+
+def prepare_run_dir(spec: SandboxSpec) -> None:
+    """Create the run folder and hand it to the sandbox uid (only it and root may enter)."""
+    home = Path(spec.home)
+    home.mkdir(parents=True, exist_ok=True)
+    Path(spec.audit_log).touch()
+    if os.getuid() == 0 and spec.isolate:
+        for p in [Path(spec.run_dir), *Path(spec.run_dir).rglob("*")]:
+            os.chown(p, spec.uid, spec.uid, follow_symlinks=False)
+        os.chmod(spec.run_dir, 0o700)
+
+
+def launch(connection_file: str) -> None:
+    """Kernelspec entry point (host side): exec into bwrap, or straight into kernel_boot."""
+    spec = SandboxSpec.from_env(os.environ["AUTOGRADER_SANDBOX"])
+    inner = [sys.executable, "-m", "autograder.kernel_boot", "-f", connection_file]
+    env = kernel_env(spec)
+    if not spec.isolate:
+        os.chdir(spec.home)
+        os.execve(sys.executable, inner, {**env, "AUTOGRADER_UNSAFE": "1"})
+    if os.getuid() == 0:
+        os.chown(connection_file, spec.uid, spec.uid)  # jupyter_client writes it 0600 as root
+    argv = bwrap_argv(spec, inner)
+    os.execve(argv[0], argv, env)
+
+
+if __name__ == "__main__":
+    launch(sys.argv[1])

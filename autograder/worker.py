@@ -1,0 +1,287 @@
+"""Grade one submission (one student, one assignment) and return a result record.
+
+Runs in its own process, started by the coordinator (``autograder.grade``), so a grader crash
+costs one submission, never the batch. It never touches the gradebook: it writes the
+autograded notebooks and returns a JSON result; the coordinator alone records grades.
+
+    python -m autograder.worker JOB.json RESULT.json
+"""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from .course import Course, grader_template, write_json
+from .execute import RunReport, run_notebook
+from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, prepare_run_dir, \
+    write_kernelspec
+from .scan import names_bound, scan_cell
+from .submission import Unreadable, grade_id, is_answer, is_test, load, merge, nbgrader_meta
+
+
+@dataclass
+class Job:
+    root: str
+    assignment: str
+    student: str
+    slot: int = 0
+    unsafe: bool = False
+    cell_timeout: float = 60
+    total_timeout: float = 600
+    limits: dict = field(default_factory=lambda: asdict(Limits()))
+
+
+def grade(job: Job) -> dict:
+    course = Course(Path(job.root))
+    sub_dir = course.submitted / job.student / job.assignment
+    started = time.time()
+    result = {"student": job.student, "assignment": job.assignment, "status": "graded",
+              "score": 0.0, "max_score": 0.0, "reasons": [], "flags": [], "notebooks": {},
+              "graded_at": started}
+    expected = course.notebooks(job.assignment)
+    found, notes = locate_notebooks(sub_dir, expected, course.support_files(job.assignment))
+    result["reasons"].extend(notes)
+    out_dir = course.autograded / job.student / job.assignment
+    if out_dir.exists():
+        shutil.rmtree(out_dir)  # re-grading replaces the previous autograded copy
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in expected:
+        nb_result = grade_notebook(course, job, name, found.get(name), out_dir)
+        result["notebooks"][name] = nb_result
+        result["score"] += nb_result["score"]
+        result["max_score"] += nb_result["max_score"]
+        result["reasons"].extend(nb_result["reasons"])
+        result["flags"].extend(nb_result["flags"])
+        if nb_result["failed"]:
+            result["status"] = "failed"
+    if result["status"] != "failed" and result["flags"]:
+        result["status"] = "flagged"
+    result["seconds"] = round(time.time() - started, 2)
+    return result
+
+
+def locate_notebooks(sub_dir: Path, expected: list[str], support: list[Path]
+                     ) -> tuple[dict[str, Path], list[str]]:
+    """Map expected notebook names to submitted files; note renames and extra files."""
+    notes: list[str] = []
+    if not sub_dir.is_dir():
+        return {}, ["no submission folder"]
+    files = sorted(p for p in sub_dir.rglob("*") if p.is_file() and not p.is_symlink()
+                   and ".ipynb_checkpoints" not in p.parts)
+    found = {n: sub_dir / f"{n}.ipynb" for n in expected if (sub_dir / f"{n}.ipynb").is_file()}
+    missing = [n for n in expected if n not in found]
+    others = [p for p in files if p.suffix == ".ipynb" and p.parent == sub_dir
+              and p.stem not in expected]
+    if len(missing) == 1 and len(others) == 1:
+        found[missing[0]] = others[0]
+        notes.append(f"notebook {others[0].name!r} graded as {missing[0]}.ipynb (renamed)")
+        others = []
+    used = set(found.values()) | {sub_dir / s for s in support}
+    extra = [str(p.relative_to(sub_dir)) for p in files if p not in used]
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        notes.append(f"extra files ignored (graded notebooks must be self-contained): {shown}")
+    return found, notes
+
+
+def grade_notebook(course: Course, job: Job, name: str, path: Path | None,
+                   out_dir: Path) -> dict:
+    template = grader_template(course, job.assignment, name)
+    release_nb = nbformat.read(course.release / job.assignment / f"{name}.ipynb", as_version=4)
+    tests = score_cells(template)
+    res = {"score": 0.0, "max_score": sum(t["max_points"] for t in tests), "tests": tests,
+           "reasons": [], "flags": [], "failed": False}
+    if path is None:
+        res["failed"] = True
+        res["reasons"].append(f"notebook {name}.ipynb is missing from the submission")
+        _mark_all(tests, "not graded: notebook missing")
+        return res
+    try:
+        student, notes = load(path)
+    except Unreadable as e:
+        res["failed"] = True
+        res["reasons"].append(str(e))
+        _mark_all(tests, "not graded: notebook unreadable")
+        return res
+    merged = merge(template, release_nb, student)
+    res["reasons"].extend(notes + merged.notes)
+
+    protected: dict[str, str] = {}
+    for cell in template.cells:
+        nbg = nbgrader_meta(cell) or {}
+        if cell.cell_type == "code" and nbg.get("locked") and not nbg.get("grade"):
+            protected.update(names_bound(cell.source))
+    for label, source in merged.student_cells:
+        for finding in scan_cell(source, label, protected):
+            res["flags"].append(f"static scan: {finding}")
+
+    nb = merged.nb
+    report = execute_in_sandbox(course, job, name, nb, path.parent)
+    res["reasons"].extend(report.events)
+    apply_results(nb, report, tests)
+    res["score"] = sum(t["points"] for t in tests)
+    res["flags"].extend(runtime_flags(report, tests))
+    if not report.cells or all(r.status == "not_run" for r in report.cells.values()):
+        if report.kernel_died or not any(r.status != "not_run" for r in report.cells.values()):
+            res["failed"] = True
+            res["reasons"].append("the notebook could not be run: " +
+                                  ("; ".join(report.events) or "kernel did not start"))
+    nb.metadata["autograder"] = {"events": report.events, "seconds": round(report.seconds, 2)}
+    nbformat.write(nb, out_dir / f"{name}.ipynb")
+    return res
+
+
+def score_cells(template: nbformat.NotebookNode) -> list[dict]:
+    tests = []
+    for cell in template.cells:
+        nbg = nbgrader_meta(cell) or {}
+        if not nbg.get("grade"):
+            continue
+        kind = ("test" if is_test(cell) else
+                "manual" if cell.cell_type != "code" else "answer")
+        tests.append({"grade_id": grade_id(cell), "kind": kind,
+                      "max_points": float(nbg.get("points", 0)), "points": 0.0,
+                      "passed": False, "needs_manual_grade": False, "message": ""})
+    return tests
+
+
+def _mark_all(tests: list[dict], message: str) -> None:
+    for t in tests:
+        t["message"] = message
+
+
+def apply_results(nb: nbformat.NotebookNode, report: RunReport, tests: list[dict]) -> None:
+    index = {grade_id(c): (i, c) for i, c in enumerate(nb.cells) if grade_id(c)}
+    for t in tests:
+        i, cell = index[t["grade_id"]]
+        if t["kind"] == "manual":
+            nbg = nbgrader_meta(cell)
+            blank = cell.source.strip() in ("", "YOUR ANSWER HERE")
+            t["needs_manual_grade"] = not blank
+            t["message"] = ("no answer written" if blank else "awaiting manual grading")
+            continue
+        r = report.cells.get(i)
+        if r is not None and r.status == "ok":
+            t["points"], t["passed"], t["message"] = t["max_points"], True, "passed"
+        else:
+            t["message"] = failure_message(r)
+
+
+def failure_message(r) -> str:
+    if r is None:
+        return "not run"
+    if r.status == "timeout":
+        return "timed out (an answer cell may loop forever)"
+    if r.status == "not_run":
+        return f"not run: {r.evalue}"
+    if r.ename == "AssertionError":
+        return r.evalue
+    if r.ename == "NotImplementedError":
+        return "not answered yet (the answer cell still raises NotImplementedError)"
+    return f"your code raised {r.ename}: {r.evalue[:300]}"
+
+
+def runtime_flags(report: RunReport, tests: list[dict]) -> list[str]:
+    flags = []
+    violations = set((report.integrity or {}).get("violations", []))
+    for t in tests:
+        if "[integrity]" in t["message"]:
+            violations.add(t["message"].split("[integrity] ", 1)[1].split(" -- ")[0])
+    for v in sorted(violations):
+        flags.append(f"runtime check: {v}")
+    if report.integrity is None and not report.kernel_died:
+        flags.append("runtime check: the integrity report never came back "
+                     "(test cells were altered or output was faked)")
+    for event in getattr(report, "audit", []):
+        flags.append(f"sandbox audit: {event}")
+    return flags
+
+
+def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.NotebookNode,
+                       sub_dir: Path) -> RunReport:
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    course.work.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f"run-{job.slot}-", dir=course.work))
+    try:
+        spec = SandboxSpec(run_dir=str(scratch / "run"), uid=BASE_UID + job.slot,
+                           limits=Limits(**job.limits), isolate=not job.unsafe)
+        home = Path(spec.home)
+        home.mkdir(parents=True)
+        # Released support files, never the submitted copies (a student could edit them).
+        for rel in course.support_files(job.assignment):
+            dest = home / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(course.release / job.assignment / rel, dest)
+        prepare_run_dir(spec)
+        ksm = KernelSpecManager(kernel_dirs=[str(write_kernelspec(scratch / "kernels"))])
+        km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm,
+                           transport="ipc", ip=str(Path(spec.run_dir) / "ipc"),
+                           connection_file=str(Path(spec.run_dir) / "kernel.json"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}
+        env["AUTOGRADER_SANDBOX"] = spec.to_env()
+        guarded = {i for i, c in enumerate(nb.cells) if is_test(c)}
+        with open(scratch / "kernel.log", "wb") as log:
+            report = run_notebook(nb, km, cwd=str(home), env=env,
+                                  cell_timeout=job.cell_timeout,
+                                  total_timeout=job.total_timeout, guarded=guarded,
+                                  kernel_output=log)
+        report.audit = read_audit(Path(spec.audit_log))  # type: ignore[attr-defined]
+        if report.kernel_died and not any(r.status != "not_run" for r in report.cells.values()):
+            tail = (scratch / "kernel.log").read_text(errors="replace").strip()[-600:]
+            if tail:
+                report.events.append(f"kernel log: {tail}")
+        return report
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def read_audit(path: Path) -> list[str]:
+    events: list[str] = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ["the audit log was removed"]
+    for line in lines[:200]:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            events.append("the audit log was written to by the submission")
+            continue
+        kind, detail = rec.get("event", "?"), rec.get("detail", "")
+        text = {"open": f"opened a file outside its folder: {detail}",
+                "process": f"tried to start a process: {detail}",
+                "tamper": f"tampered with the audit log: {detail}"}.get(
+                    kind, f"{kind}: {detail}")
+        if text not in events:
+            events.append(text)
+    return events[:20]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = Job(**json.loads(Path(argv[0]).read_text()))
+    try:
+        result = grade(job)
+    except Exception as e:  # a grader bug must still produce a record for this student
+        import traceback
+        result = {"student": job.student, "assignment": job.assignment, "status": "failed",
+                  "score": 0.0, "max_score": 0.0, "flags": [], "notebooks": {},
+                  "reasons": [f"internal grader error: {type(e).__name__}: {e}"],
+                  "traceback": traceback.format_exc()}
+    write_json(Path(argv[1]), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
