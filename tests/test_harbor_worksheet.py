@@ -210,3 +210,63 @@ def test_typical_wrong_fails_exactly_the_expected_cells(source, expected, tmp_pa
             for fragment in outcome["message_contains"]:
                 assert fragment in errors[gid]["evalue"], (gid, errors[gid]["evalue"])
     assert score == want["autograded_score"] == 20
+
+
+# ------------------------------------------------------------------ the classic mistakes, named
+
+# (test cell, code a learner might write in its place, a fragment the failure must contain)
+MISTAKES = [
+    ("test_kv_formula", "def kv_bytes_per_sequence(l, t, h, d, b):\n    return l * t * h * d * b",
+     "factor 2"),
+    ("test_kv_formula", "def kv_bytes_per_sequence(l, t, h, d, b):\n    return 2 * l * t * h * d * b * 8",
+     "bits"),
+    ("test_worked_example", "WORKED_EXAMPLE_BYTES = 2 * 32 * 8192 * 4096 * 2", "hidden width"),
+    ("test_units", "def bytes_to_gib(n):\n    return n / 10**9", "GB and GiB mixed up"),
+    ("test_units", "def bytes_to_gib(n):\n    return n / 2**30\ndef bytes_to_gb(n):\n    return n / 2**30",
+     "GB and GiB mixed up"),
+    ("test_kv_worksheet",
+     "def kv_bytes_for(c, n, model, b=2):\n"
+     "    return 2 * n * model['num_hidden_layers'] * c * model['num_attention_heads'] * model['head_dim'] * b",
+     "query heads"),
+    ("test_kv_worksheet",
+     "def kv_bytes_for(c, n, model, b=2):\n"
+     "    return 2 * n * model['num_hidden_layers'] * c * model['hidden_size'] * b",
+     "hidden width"),
+    ("test_phase_demand",
+     "def phase_demand(r, i, o):\n    return {'prefill_tokens_per_s': r * i, 'decode_tokens_per_s': r * o}",
+     "per minute"),
+    ("test_admit_boundaries",
+     "def admit(q, s, b):\n"
+     "    need = q['prompt_tokens'] * b['kv_bytes_per_token']\n"
+     "    if q['prompt_tokens'] + q['max_output_tokens'] > b['max_context_tokens']:\n"
+     "        return 'reject'\n"
+     "    return 'queue' if s['reserved_bytes'] + need > b['kv_bytes'] else 'admit'",
+     "must include max_output_tokens"),
+    ("test_admit_boundaries",
+     "def admit(q, s, b):\n"
+     "    t = q['prompt_tokens'] + q['max_output_tokens']\n"
+     "    if t > b['max_context_tokens']:\n"
+     "        return 'reject'\n"
+     "    return 'queue' if s['reserved_bytes'] + t * b['kv_bytes_per_token'] > b['kv_bytes'] else 'admit'",
+     "wait forever"),
+]
+
+
+def test_classic_mistakes_get_messages_that_name_them(source):
+    """Each wrong answer runs against the real test cell (hidden tests included) in one kernel."""
+    by_id = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c)}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(by_id[g].source) for g in ("imports", "model_config")]
+    wanted = []
+    for test_id, wrong, fragment in MISTAKES:
+        nb.cells.append(nbformat.v4.new_code_cell(wrong))
+        test_cell = nbformat.v4.new_code_cell(by_id[test_id].source)
+        test_cell.metadata = {"nbgrader": dict(_meta(by_id[test_id]),
+                                               grade_id=f"{test_id}_{len(wanted)}")}
+        nb.cells.append(test_cell)
+        wanted.append((f"{test_id}_{len(wanted)}", fragment))
+    _execute(nb, SOURCE_DIR, allow_errors=True)
+    errors = _errors(nb)
+    for cell_id, fragment in wanted:
+        assert cell_id in errors, f"{cell_id}: the wrong answer passed"
+        assert fragment in errors[cell_id]["evalue"], (cell_id, errors[cell_id]["evalue"])
