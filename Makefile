@@ -19,7 +19,8 @@ PYTEST_ARGS  ?=
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test venv system-deps train bench release clean help
+.PHONY: lab test venv system-deps train bench release clean help \
+        collect autograde feedback export grade-bench check
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
@@ -65,3 +66,43 @@ train: $(VENV)/.stamp-base
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# ---- Grading workflow (instructor guide: docs/grading.md) --------------------------------
+# make release                         regenerate exercises/ from solutions/ (commit the result)
+# make collect A=harbor_capacity FROM=path/to/export.zip
+# make autograde A=harbor_capacity [WORKERS=4] [UNSAFE=1]
+# make feedback A=harbor_capacity
+# make export                          grading/grades.csv
+# make check NB=exercises/harbor_capacity/harbor_capacity.ipynb   (learner self-check)
+# make grade-bench                     parallel vs serial grading of 30 submissions
+A        ?=
+FROM     ?=
+NB       ?=
+WORKERS  ?=
+UNSAFE   ?=
+AG       := $(PY) -m autograder
+
+release: $(VENV)/.stamp-base
+	$(AG) release $(A)
+
+collect: $(VENV)/.stamp-base
+	@test -n "$(A)" -a -n "$(FROM)" || { echo "usage: make collect A=ASSIGNMENT FROM=folder-or-zip"; exit 2; }
+	$(AG) collect $(A) "$(FROM)"
+
+autograde: $(VENV)/.stamp-base system-deps
+	@test -n "$(A)" || { echo "usage: make autograde A=ASSIGNMENT [WORKERS=n] [UNSAFE=1]"; exit 2; }
+	$(AG) autograde $(A) $(if $(WORKERS),--workers $(WORKERS),) $(if $(UNSAFE),--unsafe,)
+
+feedback: $(VENV)/.stamp-base
+	@test -n "$(A)" || { echo "usage: make feedback A=ASSIGNMENT"; exit 2; }
+	$(AG) feedback $(A)
+
+export: $(VENV)/.stamp-base
+	$(AG) export $(A)
+
+check: $(VENV)/.stamp-base
+	@test -n "$(NB)" || { echo "usage: make check NB=path/to/notebook.ipynb"; exit 2; }
+	$(AG) check "$(NB)"
+
+grade-bench: $(VENV)/.stamp-base system-deps
+	$(AG) bench --json artifacts/grading_bench.json

@@ -113,11 +113,12 @@ class Course:
                       if p.is_file() and p.suffix != ".ipynb"
                       and ".ipynb_checkpoints" not in p.parts)
 
-    def nbgrader_args(self, *, db_url: str | None = None) -> list[str]:
+    def nbgrader_args(self, *, db_url: str | None = None,
+                      release_dir: str = "exercises") -> list[str]:
         """Command-line config that makes any nbgrader app see this layout."""
         return [f"--CourseDirectory.root={self.root}",
                 "--CourseDirectory.source_directory=solutions",
-                "--CourseDirectory.release_directory=exercises",
+                f"--CourseDirectory.release_directory={release_dir}",
                 "--CourseDirectory.submitted_directory=grading/submitted",
                 "--CourseDirectory.autograded_directory=grading/autograded",
                 "--CourseDirectory.feedback_directory=grading/feedback",
@@ -126,8 +127,10 @@ class Course:
 
 # Release ------------------------------------------------------------------------------------
 
-def run_nbgrader(course: Course, *args: str, db_url: str | None = None) -> str:
-    cmd = [sys.executable, "-m", "nbgrader", *args, *course.nbgrader_args(db_url=db_url)]
+def run_nbgrader(course: Course, *args: str, db_url: str | None = None,
+                 release_dir: str = "exercises") -> str:
+    cmd = [sys.executable, "-m", "nbgrader", *args,
+           *course.nbgrader_args(db_url=db_url, release_dir=release_dir)]
     # nbgrader runs the ``alembic`` script of its own environment, so that must be on PATH.
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -149,9 +152,8 @@ def release(course: Course, assignment: str, *, out_dir: Path | None = None,
     course.check_assignment(assignment)
     course.work.mkdir(parents=True, exist_ok=True)
     args = ["generate_assignment", assignment, "--force", "--create"]
-    if out_dir is not None:
-        args.append(f"--CourseDirectory.release_directory={Path(out_dir).resolve()}")
-    run_nbgrader(course, *args, db_url=db_url)
+    release_dir = str(Path(out_dir).resolve()) if out_dir is not None else "exercises"
+    run_nbgrader(course, *args, db_url=db_url, release_dir=release_dir)
     target = (Path(out_dir) if out_dir is not None else course.release) / assignment
     for nb_path in target.glob("*.ipynb"):
         _normalise(nb_path)

@@ -164,7 +164,8 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
             tcell.source = cell.source
             if tcell.cell_type == "code":
                 out.student_cells.append((gid, cell.source))
-        elif cell.source.strip() != release_src.get(gid, tcell.source).strip():
+        elif cell.source.strip() not in (release_src.get(gid, "").strip(),
+                                         tcell.source.strip()):
             edited.append(gid)
         placed[ti] = len(cells)
         cells.append(tcell)

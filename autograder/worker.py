@@ -85,7 +85,7 @@ def locate_notebooks(sub_dir: Path, expected: list[str], support: list[Path]
         found[missing[0]] = others[0]
         notes.append(f"notebook {others[0].name!r} graded as {missing[0]}.ipynb (renamed)")
         others = []
-    used = set(found.values()) | {sub_dir / s for s in support}
+    used = set(found.values()) | {sub_dir / s for s in support} | {sub_dir / "timestamp.txt"}
     extra = [str(p.relative_to(sub_dir)) for p in files if p not in used]
     if extra:
         shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")

@@ -1,0 +1,118 @@
+"""``python -m autograder``: the instructor's commands and the learner's self-check.
+
+    release ASSIGNMENT            solutions/ -> exercises/ (and the gradebook)
+    collect ASSIGNMENT SOURCE     SOURCE = folder or zip laid out STUDENT/ASSIGNMENT/*.ipynb
+    autograde ASSIGNMENT          sandboxed, parallel; backs up the gradebook first
+    feedback ASSIGNMENT           grading/feedback/STUDENT/ASSIGNMENT/*.html
+    export [ASSIGNMENT ...]       grades CSV
+    check NOTEBOOK                learner self-check against the visible tests
+    bench --json PATH             parallel vs serial grading speed-up
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .course import Course, CourseError
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", help="course directory (default: found from the current folder)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("release", help="generate exercises/ from solutions/")
+    r.add_argument("assignments", nargs="*", help="default: all")
+
+    c = sub.add_parser("collect", help="copy submissions into grading/submitted/")
+    c.add_argument("assignment")
+    c.add_argument("source", type=Path)
+
+    a = sub.add_parser("autograde", help="grade collected submissions in the sandbox")
+    a.add_argument("assignment")
+    a.add_argument("--student", action="append", help="only these students (repeatable)")
+    a.add_argument("--workers", type=int, default=None, help="parallel workers (default: CPUs)")
+    a.add_argument("--cell-timeout", type=float, default=60)
+    a.add_argument("--timeout", type=float, default=600, help="wall-clock limit per notebook")
+    a.add_argument("--memory-mb", type=int, default=None)
+    a.add_argument("--unsafe", action="store_true",
+                   help="grade without the bubblewrap sandbox (trusted submissions only)")
+    a.add_argument("--no-progress", action="store_true")
+
+    f = sub.add_parser("feedback", help="write per-student feedback pages")
+    f.add_argument("assignment")
+
+    e = sub.add_parser("export", help="write the grades CSV")
+    e.add_argument("assignments", nargs="*", help="default: all")
+    e.add_argument("--out", type=Path, default=None, help="default: grading/grades.csv")
+
+    k = sub.add_parser("check", help="self-check a notebook against its visible tests")
+    k.add_argument("notebook", type=Path)
+    k.add_argument("--cell-timeout", type=float, default=120)
+
+    b = sub.add_parser("bench", help="measure parallel grading speed-up")
+    b.add_argument("--json", type=Path, required=True)
+    b.add_argument("--submissions", type=int, default=30)
+    b.add_argument("--workers", type=int, default=None)
+    b.add_argument("--assignment", default=None)
+
+    args = p.parse_args(argv)
+    try:
+        return _run(args)
+    except CourseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
+    if args.cmd == "check":
+        from .check import self_check
+        return self_check(args.notebook, cell_timeout=args.cell_timeout)
+    course = Course.find(args.root)
+    if args.cmd == "release":
+        from .course import release
+        for name in args.assignments or course.assignments():
+            print(f"released {name} -> {release(course, name).relative_to(course.root)}")
+        return 0
+    if args.cmd == "collect":
+        from .collect import collect
+        students, warnings = collect(course, args.assignment, args.source)
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"collected {len(students)} submission(s) of {args.assignment}: "
+              + ", ".join(students))
+        return 0
+    if args.cmd == "autograde":
+        from .grade import autograde
+        from .sandbox import Limits
+        from dataclasses import asdict
+        limits = asdict(Limits())
+        if args.memory_mb:
+            limits["memory_mb"] = args.memory_mb
+        results = autograde(course, args.assignment, students=args.student,
+                            workers=args.workers, unsafe=args.unsafe,
+                            cell_timeout=args.cell_timeout, total_timeout=args.timeout,
+                            limits=limits, progress=not args.no_progress)
+        for res in results:
+            print(f"{res['student']:<20} {res['status']:<8} {res['score']:g}/{res['max_score']:g}"
+                  + (f"  {'; '.join(res['flags'] + res['reasons'])[:200]}"
+                     if res["status"] != "graded" else ""))
+        return 0
+    if args.cmd == "feedback":
+        from .report import feedback
+        paths = feedback(course, args.assignment)
+        print(f"wrote {len(paths)} feedback page(s) under {course.feedback.relative_to(course.root)}")
+        return 0
+    if args.cmd == "export":
+        from .report import export
+        out = args.out or course.work / "grades.csv"
+        n = export(course, args.assignments or course.assignments(), out)
+        print(f"wrote {n} row(s) to {out}")
+        return 0
+    if args.cmd == "bench":
+        from .bench import bench
+        return bench(course, args.json, n=args.submissions, workers=args.workers,
+                     assignment=args.assignment)
+    raise AssertionError(args.cmd)

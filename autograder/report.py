@@ -1,0 +1,140 @@
+"""Feedback for students and the grade export for instructors.
+
+Feedback is built from the result records and the gradebook, never from the autograded
+notebook: it lists each graded cell by name with its points and, for failures, the assertion
+message (which says what was expected). No test source, hidden or visible, and no traceback
+reaches a student.
+"""
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+from .course import Course
+from .grade import load_results
+
+EXPORT_COLUMNS = ["student", "assignment", "score", "max_score", "status", "reason"]
+
+
+def gradebook_scores(course: Course, assignment: str) -> dict[str, dict]:
+    """Per student: total score (manual grades included), max score, per-cell scores."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    out: dict[str, dict] = {}
+    if not course.gradebook_path.exists():
+        return out
+    with Gradebook(course.db_url) as gb:
+        try:
+            a = gb.find_assignment(assignment)
+        except MissingEntry:
+            return out
+        for sub in a.submissions:
+            cells: dict[str, dict] = {}
+            for nb in sub.notebooks:
+                for g in nb.grades:
+                    cells[g.name] = {"score": g.score, "max": g.max_score,
+                                     "manual": g.manual_score is not None,
+                                     "needs_manual_grade": g.needs_manual_grade}
+                for c in nb.comments:
+                    if c.comment and c.name in cells:
+                        cells[c.name]["comment"] = c.comment
+            out[sub.student.id] = {"score": sub.score, "max_score": sub.max_score,
+                                   "cells": cells,
+                                   "pending": sum(1 for x in cells.values()
+                                                  if x["needs_manual_grade"])}
+    return out
+
+
+def export(course: Course, assignments: list[str], out: Path) -> int:
+    """Write the grades CSV; one row per (student, assignment) collected or graded."""
+    rows = []
+    for assignment in assignments:
+        results = load_results(course, assignment)
+        scores = gradebook_scores(course, assignment)
+        students = set(results) | set(scores)
+        if course.submitted.is_dir():
+            students |= {p.name for p in course.submitted.iterdir() if (p / assignment).is_dir()}
+        for student in sorted(students):
+            r = results.get(student)
+            s = scores.get(student)
+            if r is None:
+                rows.append([student, assignment, 0, s["max_score"] if s else "", "failed",
+                             "collected but not autograded yet"])
+                continue
+            score = s["score"] if s else r["score"]
+            max_score = s["max_score"] if s else r["max_score"]
+            reason = "; ".join(r.get("flags", []) + r.get("reasons", []))
+            if s and s["pending"]:
+                reason = "; ".join(x for x in (f"{s['pending']} answer(s) await manual "
+                                               "grading", reason) if x)
+            rows.append([student, assignment, _num(score), _num(max_score), r["status"],
+                         reason])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(EXPORT_COLUMNS)
+        w.writerows(rows)
+    return len(rows)
+
+
+def _num(x) -> float | str:
+    return "" if x is None else round(float(x), 4)
+
+
+def feedback(course: Course, assignment: str, students: list[str] | None = None) -> list[Path]:
+    """Write grading/feedback/STUDENT/ASSIGNMENT/NOTEBOOK.html for each graded student."""
+    results = load_results(course, assignment)
+    scores = gradebook_scores(course, assignment)
+    written = []
+    for student, r in sorted(results.items()):
+        if students and student not in students:
+            continue
+        folder = course.feedback / student / assignment
+        folder.mkdir(parents=True, exist_ok=True)
+        for nb_name, nb in r.get("notebooks", {}).items():
+            page = render(student, assignment, nb_name, r, nb, scores.get(student, {}))
+            path = folder / f"{nb_name}.html"
+            path.write_text(page)
+            written.append(path)
+    return written
+
+
+def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: dict) -> str:
+    e = html.escape
+    cells = gb.get("cells", {})
+    rows = []
+    total = max_total = 0.0
+    for t in nb.get("tests", []):
+        g = cells.get(t["grade_id"], {})
+        points = g.get("score") if g.get("score") is not None else t["points"]
+        total += points or 0
+        max_total += t["max_points"]
+        if t["kind"] == "manual":
+            if g.get("manual"):
+                result, msg = "graded", g.get("comment", "")
+            else:
+                result, msg = ("pending", "awaiting manual grading") if t["needs_manual_grade"] \
+                    else ("missing", t["message"])
+        else:
+            result = "pass" if t["passed"] else "fail"
+            msg = "" if t["passed"] else t["message"]
+        rows.append(f"<tr class='{result}'><td>{e(t['grade_id'])}</td><td>{e(t['kind'])}</td>"
+                    f"<td>{_num(points)} / {_num(t['max_points'])}</td><td>{result}</td>"
+                    f"<td>{e(msg)}</td></tr>")
+    notes = [n for n in r.get("reasons", []) if not n.startswith("kernel log")]
+    status = {"graded": "Graded", "flagged": "Held for review by your instructor",
+              "failed": "Could not be graded"}[r["status"]]
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{e(assignment)}: {e(student)}</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
+td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}}
+.pass td:nth-child(4){{color:#080}} .fail td:nth-child(4){{color:#b00}}</style></head><body>
+<h1>{e(assignment)} / {e(nb_name)}</h1>
+<p>Student: <b>{e(student)}</b>. Status: <b>{e(status)}</b>.
+Score: <b>{_num(total)} / {_num(max_total)}</b>.</p>
+{"<p>Notes: " + e("; ".join(notes)) + "</p>" if notes else ""}
+<table><tr><th>Test</th><th>Kind</th><th>Points</th><th>Result</th><th>Message</th></tr>
+{chr(10).join(rows)}
+</table></body></html>
+"""
