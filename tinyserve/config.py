@@ -16,7 +16,7 @@ class ModelConfig:
     vocab_size: int = 4096
     hidden_size: int = 256
     intermediate_size: int = 688
-    num_hidden_layers: int = 8
+    num_hidden_layers: int = 6
     num_attention_heads: int = 8
     num_key_value_heads: int = 2
     max_position_embeddings: int = 512
@@ -77,8 +77,8 @@ class ModelConfig:
 # The two shipped models share the tokenizer. The draft costs ~10x fewer FLOPs per token,
 # so it can propose tokens for the target to verify (speculative decoding, chapter 8).
 PRESETS: dict[str, ModelConfig] = {
-    "target": ModelConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=8,
+    "target": ModelConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=6,
                           num_attention_heads=8, num_key_value_heads=2),
-    "draft": ModelConfig(hidden_size=96, intermediate_size=256, num_hidden_layers=3,
+    "draft": ModelConfig(hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=3, num_key_value_heads=1),
 }

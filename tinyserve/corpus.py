@@ -962,8 +962,9 @@ def _val_seed(seed: int) -> int:
     return (seed + 1) * 1_000_003 + 7_919
 
 
-def build_corpus(seed: int = 0, n_train: int = 12_000, n_val: int = 600) -> tuple[list[str], list[str]]:
-    """Train and validation documents. Validation tickets come from a separately
+def split_tickets(seed: int = 0, n_train: int = 12_000,
+                  n_val: int = 600) -> tuple[list[Ticket], list[Ticket]]:
+    """Train and validation tickets. Validation tickets come from a separately
     derived random stream and any ticket whose id or body also occurs in train is
     skipped, so validation loss measures generalisation rather than recall."""
     train_t = generate_tickets(n_train, seed)
@@ -978,6 +979,12 @@ def build_corpus(seed: int = 0, n_train: int = 12_000, n_val: int = 600) -> tupl
         seen_ids.add(t.ticket_id)
         seen_bodies.add(t.body)
         val_t.append(t)
+    return train_t, val_t
+
+
+def build_corpus(seed: int = 0, n_train: int = 12_000, n_val: int = 600) -> tuple[list[str], list[str]]:
+    """Train and validation documents (see :func:`split_tickets`)."""
+    train_t, val_t = split_tickets(seed, n_train, n_val)
     return [render(t) for t in train_t], [render(t) for t in val_t]
 
 

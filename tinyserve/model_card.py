@@ -12,11 +12,27 @@ from typing import Any
 import torch
 
 from .checkpoint import load_model, load_report
-from .corpus import build_corpus
+from .corpus import Ticket, build_corpus, prompt_for, split_tickets
+from .generate import generate_ids
+from .model import TinyLlama
+from .tokenizer import load_tokenizer
 from .train import TRAIN_PRESETS, eval_windows, evaluate_loss, greedy_agreement, token_stream
 
 
-def model_card() -> dict[str, Any]:
+def greets_by_name(model: TinyLlama, tickets: list[Ticket]) -> float:
+    """Fraction of held-out tickets whose greedy reply opens with "Hi <customer>,".
+
+    The name appears only in the ticket header, so this measures whether the model copies a
+    detail from its prompt rather than reciting a likely name."""
+    tok = load_tokenizer()
+    hits = 0
+    for ticket in tickets:
+        ids = list(generate_ids(model, tok.encode(prompt_for(ticket)), 6))
+        hits += tok.decode(ids).startswith(f"Hi {ticket.customer},")
+    return hits / len(tickets)
+
+
+def model_card(n_name_checks: int = 50) -> dict[str, Any]:
     torch.manual_seed(0)
     tcfg = TRAIN_PRESETS["target"]
     _, val_texts = build_corpus(seed=tcfg.seed)
@@ -24,6 +40,7 @@ def model_card() -> dict[str, Any]:
     models = {name: load_model(name, device="cpu", dtype=torch.float32)
               for name in ("target", "draft")}
     figures: dict[str, Any] = {}
+    name_tickets = split_tickets(seed=tcfg.seed)[1][:n_name_checks]
     for name, model in models.items():
         report = load_report(name)
         loss = evaluate_loss(model, windows)
@@ -37,6 +54,7 @@ def model_card() -> dict[str, Any]:
             "train_seconds": report.get("train_seconds"),
             "train_tokens_seen": report.get("train_tokens_seen"),
             "val_loss": round(loss, 4), "val_perplexity": round(math.exp(loss), 2),
+            "greets_customer_by_name": round(greets_by_name(model, name_tickets), 3),
         }
     figures["draft"]["greedy_agreement_with_target"] = round(
         greedy_agreement(models["target"], models["draft"], windows), 4)
@@ -57,6 +75,8 @@ def model_card() -> dict[str, Any]:
          f"{d['train_tokens_seen']:,}" if d["train_tokens_seen"] else "?"),
         ("validation loss (nats/token)", f"{t['val_loss']:.3f}", f"{d['val_loss']:.3f}"),
         ("validation perplexity", f"{t['val_perplexity']:.2f}", f"{d['val_perplexity']:.2f}"),
+        (f"reply greets the customer by name ({n_name_checks} held-out tickets)",
+         f"{t['greets_customer_by_name']:.0%}", f"{d['greets_customer_by_name']:.0%}"),
         ("greedy next-token agreement with target", "-",
          f"{d['greedy_agreement_with_target']:.1%}"),
     ]

@@ -1,0 +1,25 @@
+"""Training is seeded and reports what it did; the learning-rate schedule is as documented."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tinyserve.train import TRAIN_PRESETS, TrainConfig, lr_at, train
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor() -> None:
+    cfg = TrainConfig(steps=100, lr=1e-3, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == 1e-4
+    assert lr_at(9, cfg) == 1e-3
+    assert abs(lr_at(100, cfg) - 1e-4) < 1e-12
+    lrs = [lr_at(s, cfg) for s in range(10, 100)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:])), "cosine decay must not increase"
+
+
+def test_a_short_run_is_reproducible_and_reports_its_figures(tmp_path: Path) -> None:
+    a = train("draft", steps=2, save=False, plot_path=tmp_path / "a.png")
+    b = train("draft", steps=2, save=False, plot_path=tmp_path / "b.png")
+    assert a["final_train_loss"] == b["final_train_loss"]
+    assert a["val_loss"] == b["val_loss"]
+    assert a["parameters"] > 0 and a["train_tokens_seen"] == 2 * 8 * 512
+    assert (tmp_path / "a.png").stat().st_size > 1000
+    assert TRAIN_PRESETS["target"].seed == TRAIN_PRESETS["draft"].seed == 0
