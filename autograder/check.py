@@ -16,7 +16,7 @@ from .worker import apply_results, score_cells
 def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 1200,
                write=print) -> int:
     """Print per-test results; return 0 when every autograded test passed, 1 otherwise."""
-    from jupyter_client import KernelManager
+    from jupyter_client import AsyncKernelManager
 
     path = Path(path).resolve()
     try:
@@ -28,7 +28,7 @@ def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 
     if not tests:
         write(f"{path.name} has no graded test cells (is it an exercise notebook?)")
         return 2
-    km = KernelManager(kernel_name="python3")
+    km = AsyncKernelManager(kernel_name="python3")
     report = run_notebook(nb, km, cwd=str(path.parent), cell_timeout=cell_timeout,
                           total_timeout=total_timeout)
     apply_results(nb, report, tests)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 import nbformat
-from jupyter_client import KernelManager
+from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -64,12 +64,16 @@ class _Client(NotebookClient):
         return super().output(outs, msg, display_id, cell_index)
 
 
-def run_notebook(nb: nbformat.NotebookNode, km: KernelManager, *, cwd: str,
+def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
                  env: dict[str, str] | None = None, cell_timeout: float = 60,
                  total_timeout: float = 600, guarded: set[int] | None = None,
                  interrupt_grace: float = 5, startup_timeout: float = 60,
                  kernel_output=None) -> RunReport:
-    """Execute ``nb`` in place (outputs are stored on its cells) and report per cell."""
+    """Execute ``nb`` in place (outputs are stored on its cells) and report per cell.
+
+    ``km`` must be an *async* kernel manager: nbclient polls the kernel from an event loop,
+    and a blocking client would hang it for good when the kernel dies.
+    """
     report = RunReport()
     guarded = guarded or set()
     replies: dict[int, dict] = {}
@@ -97,6 +101,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: KernelManager, *, cwd: str,
                 report.events.append("the grading helpers failed to load in the kernel")
             for index in code_cells:
                 cell = nb.cells[index]
+                label = _label(cell, index)
                 if stop_reason:
                     report.cells[index] = CellResult("not_run", evalue=stop_reason)
                     continue
@@ -115,7 +120,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: KernelManager, *, cwd: str,
                     client.execute_cell(cell, index)
                 except DeadKernelError:
                     report.kernel_died = True
-                    stop_reason = f"the kernel died while running cell {index}"
+                    stop_reason = f"the kernel died while running {label}"
                     report.events.append(stop_reason + " (exit, crash or resource limit)")
                     report.cells[index] = CellResult("error", "KernelDied", stop_reason)
                     continue
@@ -126,9 +131,9 @@ def run_notebook(nb: nbformat.NotebookNode, km: KernelManager, *, cwd: str,
                 result = _result(replies.get(index), cell)
                 report.cells[index] = result
                 if result.status == "timeout":
-                    msg = f"cell {index} ran longer than {client.timeout} s and was interrupted"
+                    msg = f"{label} ran longer than {client.timeout} s and was interrupted"
                     if not _probe(client, "pass", timeout=interrupt_grace):
-                        stop_reason = (f"cell {index} ran longer than {client.timeout} s and "
+                        stop_reason = (f"{label} ran longer than {client.timeout} s and "
                                        "ignored the interrupt; the kernel was stopped")
                         report.events.append(stop_reason)
                         _kill(client)
@@ -136,6 +141,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: KernelManager, *, cwd: str,
                     else:
                         report.events.append(msg)
             if not stop_reason:
+                client._out_bytes = -10 * client.output_limit  # the report must get out
                 nonce = secrets.token_hex(8)
                 probe = nbformat.v4.new_code_cell(
                     f"_autograder_testkit._integrity_report({nonce!r})")
@@ -155,6 +161,11 @@ def run_notebook(nb: nbformat.NotebookNode, km: KernelManager, *, cwd: str,
             report.events.append(f"output over {client.output_limit // 10**6} MB was discarded")
         report.seconds = time.monotonic() - start
     return report
+
+
+def _label(cell: nbformat.NotebookNode, index: int) -> str:
+    gid = (cell.get("metadata", {}).get("nbgrader") or {}).get("grade_id")
+    return f"cell {gid}" if isinstance(gid, str) else f"cell {index}"
 
 
 def _probe(client: NotebookClient, code, *, timeout: float) -> bool:
@@ -178,8 +189,12 @@ def _probe(client: NotebookClient, code, *, timeout: float) -> bool:
 
 
 def _kill(client: NotebookClient) -> None:
+    from jupyter_core.utils import ensure_async, run_sync
+
+    async def stop():
+        await ensure_async(client.km.shutdown_kernel(now=True))
     try:
-        client.km.shutdown_kernel(now=True)
+        run_sync(stop)()
     except Exception:
         pass
 

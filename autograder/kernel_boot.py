@@ -94,6 +94,10 @@ def _install_audit_hook(log_path: str, allowed: list[str]) -> None:
                 if program not in _QUIET_PROGRAMS:
                     record("process", f"{event} {str_(args[:1])[:200]}")
                 raise PermissionError(f"starting processes is not allowed while grading ({event})")
+            elif event in ("os.kill", "os.killpg"):
+                # ipykernel interrupts itself by signal (message-mode interrupts): not a flag.
+                if args and args[0] not in (os.getpid(), 0):
+                    record(event, str_(args[:2])[:200])
             elif event in _RECORDED:
                 record(event, str_(args[:2])[:200])
             elif event == "ctypes.dlopen":

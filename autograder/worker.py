@@ -208,7 +208,7 @@ def runtime_flags(report: RunReport, tests: list[dict]) -> list[str]:
 
 def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.NotebookNode,
                        sub_dir: Path) -> RunReport:
-    from jupyter_client import KernelManager
+    from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
     course.work.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
             shutil.copy2(course.release / job.assignment / rel, dest)
         prepare_run_dir(spec)
         ksm = KernelSpecManager(kernel_dirs=[str(write_kernelspec(scratch / "kernels"))])
-        km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm,
+        km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm,
                            transport="ipc", ip=str(Path(spec.run_dir) / "ipc"),
                            connection_file=str(Path(spec.run_dir) / "kernel.json"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}

@@ -1,0 +1,88 @@
+"""The hostile-submission suite: every case gets its expected outcome in one batch.
+
+All cases (tests/fixtures/hostile/*/) are collected next to one another and graded in a
+single sandboxed, parallel autograde run, so one case can never change another's grade.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autograder.course import Course, hidden_test_lines, release
+from autograder.grade import autograde
+from autograder.report import export, feedback
+from autograder.sandbox import sandbox_available
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CASES = sorted(p.name for p in (FIXTURES / "hostile").iterdir() if (p / "expected.json").exists())
+
+pytestmark = pytest.mark.skipif(not sandbox_available()[0],
+                                reason=f"needs the bubblewrap sandbox: {sandbox_available()[1]}")
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    shutil.copytree(FIXTURES / "mini_assignment" / "mini", root / "solutions" / "mini")
+    course = Course(root)
+    release(course, "mini")
+    for name in CASES:
+        shutil.copytree(FIXTURES / "hostile" / name / "submission",
+                        course.submitted / name / "mini")
+    results = autograde(course, "mini", workers=2, cell_timeout=4, total_timeout=60,
+                        limits={"memory_mb": 1536, "processes": 256, "file_size_mb": 16,
+                                "cpu_seconds": 60, "open_files": 1024}, progress=False)
+    feedback(course, "mini")
+    export(course, ["mini"], course.work / "grades.csv")
+    return course, {r["student"]: r for r in results}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case_outcome(graded, case):
+    course, results = graded
+    expected = json.loads((FIXTURES / "hostile" / case / "expected.json").read_text())
+    r = results[case]
+    why = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags")}, indent=1)
+    assert r["status"] == expected["status"], why
+    if "score" in expected:
+        assert r["score"] == expected["score"], why
+    text = "; ".join(r["reasons"] + r["flags"])
+    assert expected.get("reason", "") in text, why
+    assert r["max_score"] == 4, why  # the release's points, whatever the submission claims
+
+
+def test_every_case_has_a_row_in_the_export(graded):
+    course, _ = graded
+    rows = list(csv.DictReader(open(course.work / "grades.csv")))
+    assert [r["student"] for r in rows] == sorted(CASES)
+    assert {r["status"] for r in rows} <= {"graded", "flagged", "failed"}
+    assert list(rows[0]) == ["student", "assignment", "score", "max_score", "status", "reason"]
+
+
+def test_no_feedback_leaks_hidden_tests_or_solutions(graded):
+    course, _ = graded
+    secret = hidden_test_lines(course, "mini")
+    assert any("HIDDEN_SENTINEL" in s for s in secret)
+    pages = list(course.feedback.rglob("*"))
+    assert pages
+    for page in pages:
+        if not page.is_file():
+            continue
+        text = page.read_text()
+        lines = {line.strip() for line in text.splitlines()}
+        for marker in ("BEGIN HIDDEN TESTS", "BEGIN SOLUTION", "HIDDEN_SENTINEL",
+                       "SOLUTION_SENTINEL", "Traceback"):
+            assert marker not in text, (page, marker)
+        assert not (secret & lines), page
+
+
+def test_sandbox_kept_solutions_out_of_reach(graded):
+    _, results = graded
+    # The reads_outside case tried three paths; none existed inside the sandbox.
+    flags = " ".join(results["reads_outside"]["flags"])
+    assert "/work/main/solutions/mini/mini.ipynb" in flags or "solutions/mini" in flags
+    assert results["reads_outside"]["score"] == 3
