@@ -1,0 +1,195 @@
+"""End to end: release -> collect (zip) -> autograde -> feedback -> export, and self-check.
+
+Runs on the mini assignment (fast) and on the real Harbor worksheet against the expected
+outcomes in tests/fixtures/harbor/expected.json.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autograder.course import Course, CourseError, hidden_test_lines, release
+from autograder.grade import autograde
+from autograder.report import export, feedback
+from autograder.sandbox import sandbox_available
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+needs_sandbox = pytest.mark.skipif(not sandbox_available()[0],
+                                   reason=f"needs bubblewrap: {sandbox_available()[1]}")
+
+
+def cli(*args: str, root: Path | None = None) -> subprocess.CompletedProcess:
+    extra = ["--root", str(root)] if root else []
+    return subprocess.run([sys.executable, "-m", "autograder", *extra, *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def solved_mini(release_nb: Path, double: str) -> str:
+    nb = json.loads(release_nb.read_text())
+    for cell in nb["cells"]:
+        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if gid == "answer_kv_bytes":
+            cell["source"] = ("def kv_bytes(layers, kv_heads, head_dim, seq_len, dtype_bytes=2):\n"
+                              "    return 2 * layers * kv_heads * head_dim * seq_len * "
+                              "dtype_bytes")
+        elif gid == "answer_double":
+            cell["source"] = double
+        elif gid == "written_decode":
+            cell["source"] = "Each step streams every weight for one token."
+    return json.dumps(nb)
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mini_course")
+    shutil.copytree(FIXTURES / "mini_assignment" / "mini", root / "solutions" / "mini")
+    assert cli("release", root=root).returncode == 0
+    rel = root / "exercises" / "mini" / "mini.ipynb"
+    export_zip = root.parent / f"{root.name}-lms.zip"
+    with zipfile.ZipFile(export_zip, "w") as zf:  # LMS exports wrap the layout in a folder
+        zf.writestr("export/ann/mini/mini.ipynb", solved_mini(rel, "def double(x):\n    return 2 * x"))
+        zf.writestr("export/ben/mini/mini.ipynb", rel.read_text())
+        zf.writestr("export/cat/mini/mini.ipynb", solved_mini(rel, "def double(x):\n    return x + 3"))
+        zf.writestr("export/../evil/mini/mini.ipynb", "{}")
+    out = cli("collect", "mini", str(export_zip), root=root)
+    assert out.returncode == 0, out.stderr
+    course = Course(root)
+    if sandbox_available()[0]:
+        run = cli("autograde", "mini", "--workers", "2", "--no-progress", root=root)
+        assert run.returncode == 0, run.stderr
+    return course
+
+
+@needs_sandbox
+def test_scores_statuses_and_export(mini):
+    assert cli("feedback", "mini", root=mini.root).returncode == 0
+    assert cli("export", root=mini.root).returncode == 0
+    rows = {r["student"]: r for r in csv.DictReader(open(mini.work / "grades.csv"))}
+    assert set(rows) == {"ann", "ben", "cat"}
+    assert rows["ann"]["score"] == "3.0" and rows["ann"]["status"] == "graded"
+    assert "await manual grading" in rows["ann"]["reason"]
+    assert rows["ben"]["score"] == "0.0" and rows["ben"]["max_score"] == "4.0"
+    assert rows["cat"]["score"] == "2.0"
+    assert list(rows["ann"]) == ["student", "assignment", "score", "max_score", "status", "reason"]
+
+
+@needs_sandbox
+def test_feedback_names_tests_and_messages_without_leaking(mini):
+    feedback(mini, "mini")
+    page = (mini.feedback / "cat" / "mini" / "mini.html").read_text()
+    assert "test_double" in page and "test_kv_bytes" in page
+    assert "expected 4" in page  # the testkit's message says what was expected
+    secret = hidden_test_lines(mini, "mini")
+    for path in mini.feedback.rglob("*.html"):
+        text = path.read_text()
+        assert "HIDDEN_SENTINEL" not in text and "SOLUTION_SENTINEL" not in text
+        assert "BEGIN HIDDEN TESTS" not in text and "Traceback" not in text
+        assert not (secret & {line.strip() for line in text.splitlines()})
+
+
+@needs_sandbox
+def test_regrading_is_idempotent_and_keeps_manual_grades(mini):
+    from nbgrader.api import Gradebook
+    with Gradebook(mini.db_url) as gb:
+        g = gb.find_grade("written_decode", "mini", "mini", "ann")
+        g.manual_score = 1.0
+        gb.db.commit()
+    before = {r["student"]: r["score"] for r in autograde(mini, "mini", workers=2, progress=False)}
+    again = {r["student"]: r["score"] for r in autograde(mini, "mini", workers=2, progress=False)}
+    assert before == again == {"ann": 3.0, "ben": 0.0, "cat": 2.0}
+    export(mini, ["mini"], mini.work / "grades.csv")
+    rows = {r["student"]: r for r in csv.DictReader(open(mini.work / "grades.csv"))}
+    assert rows["ann"]["score"] == "4.0"  # 3 autograded + the manual point, kept
+    backups = sorted(mini.backups.glob("gradebook-*.db"))
+    assert len(backups) >= 2
+    con = sqlite3.connect(backups[-1])
+    assert con.execute("select count(*) from submitted_assignment").fetchone()[0] == 3
+
+
+def test_collect_refuses_path_tricks(mini):
+    assert not (mini.submitted / "evil").exists()
+    assert not (mini.work / "evil").exists()
+
+
+def test_autograde_refuses_without_sandbox_unless_unsafe(mini, monkeypatch):
+    import autograder.grade as grade_mod
+    monkeypatch.setattr(grade_mod, "sandbox_available", lambda: (False, "bwrap missing"))
+    with pytest.raises(CourseError, match="--unsafe"):
+        autograde(mini, "mini", progress=False)
+
+
+def test_self_check_reports_visible_tests(mini, tmp_path):
+    nb = tmp_path / "mini.ipynb"
+    rel = mini.release / "mini"
+    nb.write_text(solved_mini(rel / "mini.ipynb", "def double(x):\n    return x + 3"))
+    shutil.copy(rel / "constants.json", tmp_path)
+    out = cli("check", str(nb))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "PASS  test_kv_bytes (2 pts)" in out.stdout
+    assert "FAIL  test_double (1 pt): [double(2)] expected 4, got 5" in out.stdout
+    assert "HIDDEN" not in out.stdout
+
+
+# Harbor ------------------------------------------------------------------------------------
+
+HARBOR = FIXTURES / "harbor" / "expected.json"
+
+
+@pytest.fixture(scope="module")
+def harbor(tmp_path_factory):
+    if not (ROOT / "solutions" / "harbor_capacity").is_dir() or not HARBOR.exists():
+        pytest.skip("the Harbor assignment is not in this checkout")
+    if not sandbox_available()[0]:
+        pytest.skip("needs bubblewrap")
+    expected = json.loads(HARBOR.read_text())
+    root = tmp_path_factory.mktemp("harbor_course")
+    shutil.copytree(ROOT / "solutions" / "harbor_capacity", root / "solutions" / "harbor_capacity")
+    course = Course(root)
+    release(course, "harbor_capacity")
+    for who, spec in expected["submissions"].items():
+        src = ROOT / spec["notebook"].split(" ")[0]
+        if who == "blank":
+            src = course.release / "harbor_capacity" / "harbor_capacity.ipynb"
+        dest = course.submitted / who / "harbor_capacity"
+        dest.mkdir(parents=True)
+        shutil.copy(src, dest / "harbor_capacity.ipynb")
+    results = autograde(course, "harbor_capacity", workers=2, progress=False)
+    feedback(course, "harbor_capacity")
+    return course, expected, {r["student"]: r for r in results}
+
+
+def test_harbor_outcomes_match_the_reference(harbor):
+    _, expected, results = harbor
+    for who, spec in expected["submissions"].items():
+        r = results[who]
+        detail = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags")})
+        assert r["status"] == "graded", detail
+        assert r["score"] == spec["autograded_score"], detail
+        assert r["max_score"] == expected["max_score"], detail
+        tests = {t["grade_id"]: t for t in r["notebooks"]["harbor_capacity"]["tests"]}
+        for gid, want in spec["tests"].items():
+            assert tests[gid]["points"] == want["score"], (who, gid, tests[gid])
+            for phrase in want.get("message_contains", []):
+                assert phrase in tests[gid]["message"], (who, gid, tests[gid]["message"])
+        if who == "blank":  # zero without errors: every test says why it failed
+            assert all(t["message"] and "internal" not in t["message"]
+                       for t in tests.values()), tests
+            assert any("not answered" in t["message"] for t in tests.values())
+
+
+def test_harbor_feedback_has_no_hidden_tests(harbor):
+    course, _, _ = harbor
+    secret = hidden_test_lines(course, "harbor_capacity")
+    for path in course.feedback.rglob("*.html"):
+        text = path.read_text()
+        assert "BEGIN HIDDEN TESTS" not in text and "Traceback" not in text
+        assert not (secret & {line.strip() for line in text.splitlines()})
