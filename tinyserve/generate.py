@@ -1,16 +1,33 @@
-"""The plainest generation loop: re-run the whole sequence for every new token.
+"""Generation: the plain recompute loop, and the same loop with a KV cache and a clock.
 
-This is the reference every faster path (KV cache, batching, speculation) is checked
-against. Its cost grows with the sequence on every step, which the KV-cache chapter measures.
+``generate_ids`` is the plainest loop: re-run the whole sequence for every new token. It is
+the reference every faster path (KV cache, batching, speculation) is checked against. Its
+cost grows with the sequence on every step, which the KV-cache chapter measures.
+
+``generate_stream`` is what a server does for one request: it yields each token as soon as
+it is sampled and records the request's timestamps (arrival, admitted, prefill start and
+end, every token, finish) in a :class:`~tinyserve.metrics.RequestTrace`. ``use_cache``
+switches the KV cache on or off inside the *same* code, so the two can be compared fairly.
+
+What is new with the cache, in two functions: :func:`prefill` runs the prompt once and fills
+the cache; :func:`decode_step` feeds one token per row at its position and appends its key
+and value. Without the cache, "decode" is the whole sequence again.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 
 import torch
+from torch import Tensor
 
+from .kv_cache import KVCache
+from .metrics import RequestTrace
 from .model import TinyLlama
-from .sampling import sample
+from .sampling import SamplingParams, sample, sample_with
+
+__all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
+           "decode_step", "generate_stream", "generate", "generate_batch", "clock"]
 
 
 class PromptError(ValueError):
@@ -45,3 +62,145 @@ def generate_ids(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
         if int(token) in stop_ids:
             return
         ids = torch.cat([ids, token[:, None]], dim=1)
+
+
+def clock(device: torch.device) -> float:
+    """``time.perf_counter()`` after the device has finished its queued work.
+
+    CUDA kernels run asynchronously: without the synchronise, a timestamp would record when
+    work was *launched*, not when it was done, and prefill would look free.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@torch.no_grad()
+def prefill(model: TinyLlama, ids: Tensor, cache: KVCache) -> Tensor:
+    """Run the prompts ``ids`` (B, T) through the model once, writing every position's key
+    and value into ``cache``; return the logits of every position (B, T, vocab)."""
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    return model(ids, positions, cache)
+
+
+@torch.no_grad()
+def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+    """Feed one token per row (B,) at its position (B,); return next-token logits (B, vocab).
+
+    The new token's query attends to every cached key of its row, so this costs one token's
+    matmuls plus an attention over the row so far, instead of a pass over the whole row.
+    """
+    return model(tokens[:, None], positions[:, None], cache)[:, -1]
+
+
+@torch.no_grad()
+def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
+                    sampling: SamplingParams = SamplingParams(),
+                    stop_ids: tuple[int, ...] = (), use_cache: bool = True,
+                    trace: RequestTrace | None = None) -> Iterator[int]:
+    """Yield up to ``max_tokens`` new tokens as they are sampled; record timestamps in
+    ``trace`` if given (its ``arrival`` is kept, so a caller can stamp it when the request
+    really arrived). Stops after a stop token (yielded) or at the end of the context window.
+    """
+    device = model.device
+    if trace is None:
+        trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(device))
+    trace.prompt_tokens, trace.use_cache = len(prompt_ids), use_cache
+    window = model.config.max_position_embeddings
+    check_prompt(prompt_ids, max_tokens, window)
+    steps = min(max_tokens, window - len(prompt_ids))
+    # Admission: the request is valid and its KV memory is reserved (prompt + output slots).
+    cache = KVCache.for_model(model, 1, len(prompt_ids) + steps) if use_cache else None
+    generator = sampling.generator()
+    ids = torch.tensor([prompt_ids], device=device)
+    trace.admitted = clock(device)
+
+    trace.prefill_start = clock(device)
+    logits = prefill(model, ids, cache)[:, -1] if cache is not None else model(ids)[:, -1]
+    trace.prefill_end = clock(device)
+    position = len(prompt_ids)
+    trace.finish_reason = "length" if steps == max_tokens else "window"
+    for step in range(steps):
+        token = sample_with(logits, sampling, generator)   # (1,)
+        token_id = int(token)                              # waits for the device
+        trace.token_times.append(time.perf_counter())
+        trace.tokens.append(token_id)
+        yield token_id
+        if token_id in stop_ids:
+            trace.finish_reason = "stop"
+            break
+        if step == steps - 1:
+            break  # no forward pass for a token nobody will sample
+        if cache is not None:
+            logits = decode_step(model, token, torch.tensor([position], device=device), cache)
+        else:
+            ids = torch.cat([ids, token[:, None]], dim=1)
+            logits = model(ids)[:, -1]                     # the whole sequence, again
+        position += 1
+    trace.finish = clock(device)
+
+
+def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
+             sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
+             use_cache: bool = True) -> RequestTrace:
+    """Run :func:`generate_stream` to the end; the trace holds the tokens and timestamps."""
+    trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(model.device))
+    for _ in generate_stream(model, prompt_ids, max_tokens, sampling=sampling,
+                             stop_ids=stop_ids, use_cache=use_cache, trace=trace):
+        pass
+    return trace
+
+
+@torch.no_grad()
+def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
+                   sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
+                   use_cache: bool = True) -> list[list[int]]:
+    """Static batching: every prompt advances one token per step until all are done.
+
+    Prompts of different lengths are right-padded into one tensor. Padding sits in each
+    row's future, so the causal mask already hides it from the real tokens; with the cache,
+    ``rewind`` then forgets the pads' slots and decode overwrites them. A row that has
+    stopped keeps being computed (that is static batching's waste) but its tokens are
+    dropped. Returns each row's new tokens.
+    """
+    if not prompts:
+        raise PromptError("no prompts given")
+    window = model.config.max_position_embeddings
+    for p in prompts:
+        check_prompt(p, max_tokens, window)
+    device, B = model.device, len(prompts)
+    lengths = [len(p) for p in prompts]
+    steps = min(max_tokens, window - max(lengths))
+    pad = model.config.pad_token_id
+    padded = torch.tensor([p + [pad] * (max(lengths) - len(p)) for p in prompts], device=device)
+    last = torch.tensor(lengths, device=device) - 1         # each row's last real position
+    rows = torch.arange(B, device=device)
+    generator = sampling.generator()
+
+    cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache else None
+    if cache is not None:
+        logits = prefill(model, padded, cache)[rows, last]
+        cache.rewind(lengths)
+    else:
+        seqs = [list(p) for p in prompts]
+        logits = model(padded)[rows, last]
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
+    for step in range(steps):
+        tokens = sample_with(logits, sampling, generator)  # (B,)
+        for b, t in enumerate(tokens.tolist()):
+            if not done[b]:
+                out[b].append(t)
+                done[b] = t in stop_ids
+        if all(done) or step == steps - 1:
+            break
+        last = last + 1
+        if cache is not None:
+            logits = decode_step(model, tokens, last, cache)
+        else:
+            for b, t in enumerate(tokens.tolist()):
+                seqs[b].append(t)
+            width = max(len(s) for s in seqs)
+            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=device)
+            logits = model(ids)[rows, last]
+    return out

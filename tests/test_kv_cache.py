@@ -1,0 +1,144 @@
+"""The KV cache equals recompute: same logits at every step, same greedy tokens, for every
+prompt length up to one that fills the context window exactly; clear errors at the limit."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinyserve.config import ModelConfig
+from tinyserve.generate import decode_step, generate_ids, generate_stream, prefill
+from tinyserve.kv_cache import CacheFullError, KVCache
+from tinyserve.model import TinyLlama
+
+# GQA 4:2 so a cache sized by query heads would have the wrong shape; a short window so the
+# "fills the window exactly" case is cheap.
+SMALL = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48)
+
+
+@pytest.fixture(scope="module")
+def model() -> TinyLlama:
+    torch.manual_seed(0)
+    m = TinyLlama(SMALL).eval()
+    with torch.no_grad():  # larger weights than the init, so logits are far from uniform
+        for p in m.parameters():
+            p.mul_(3)
+    return m
+
+
+def _prompt(n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, SMALL.vocab_size, (n,), generator=g).tolist()
+
+
+def test_cache_is_sized_by_kv_heads_and_follows_the_model() -> None:
+    cache = KVCache(SMALL, batch_size=3, max_seq=10)
+    L, kv, hd = SMALL.num_hidden_layers, SMALL.num_key_value_heads, SMALL.head_dim
+    assert cache.k.shape == cache.v.shape == (L, 3, kv, 10, hd)
+    assert cache.nbytes == 2 * L * 3 * kv * 10 * hd * 4
+    half = TinyLlama(SMALL).to(torch.bfloat16)
+    assert KVCache.for_model(half).k.dtype == torch.bfloat16
+    assert KVCache.for_model(half).max_seq == SMALL.max_position_embeddings
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2, 7, 20, 47])
+def test_cached_logits_equal_recompute_at_every_step(model: TinyLlama, prompt_len: int) -> None:
+    # 47 + 1 generated = 48 = max_position_embeddings: the last step fills the window.
+    window = SMALL.max_position_embeddings
+    ids = torch.tensor([_prompt(prompt_len, seed=prompt_len)])
+    cache = KVCache.for_model(model, 1)
+    logits = prefill(model, ids, cache)
+    torch.testing.assert_close(logits, model(ids), rtol=1e-4, atol=1e-4)
+    logits = logits[:, -1]
+    while True:
+        token = logits.argmax(-1)
+        reference = model(ids)[:, -1]                      # full recompute
+        torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+        assert cache.lengths == [ids.shape[1]]
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        if ids.shape[1] == window:
+            break
+        logits = decode_step(model, token, torch.tensor([ids.shape[1] - 1]), cache)
+    assert ids.shape[1] == window
+
+
+@pytest.mark.parametrize("prompt_len", [1, 5, 30, 47])
+def test_streamed_greedy_tokens_identical_with_and_without_cache(model: TinyLlama,
+                                                                 prompt_len: int) -> None:
+    prompt = _prompt(prompt_len, seed=100 + prompt_len)
+    n = SMALL.max_position_embeddings - prompt_len        # prompt + output fills the window
+    reference = list(generate_ids(model, prompt, n))
+    cached = list(generate_stream(model, prompt, n, use_cache=True))
+    uncached = list(generate_stream(model, prompt, n, use_cache=False))
+    assert cached == uncached == reference
+    assert len(cached) == n
+
+
+def test_ragged_batch_matches_each_row_alone(model: TinyLlama) -> None:
+    # Rows of lengths 3, 9 and 5: right-padded prefill, rewind, then decode at 3 positions.
+    prompts = [_prompt(n, seed=n) for n in (3, 9, 5)]
+    cache = KVCache.for_model(model, 3, 20)
+    width = max(map(len, prompts))
+    padded = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    rows, last = torch.arange(3), torch.tensor([len(p) - 1 for p in prompts])
+    logits = prefill(model, padded, cache)[rows, last]
+    cache.rewind([len(p) for p in prompts])
+    seqs = [list(p) for p in prompts]
+    for _ in range(6):
+        for b, seq in enumerate(seqs):
+            alone = model(torch.tensor([seq]))[0, -1]
+            torch.testing.assert_close(logits[b], alone, rtol=1e-4, atol=1e-4)
+        tokens = logits.argmax(-1)
+        for seq, t in zip(seqs, tokens.tolist()):
+            seq.append(t)
+        last = last + 1
+        logits = decode_step(model, tokens, last, cache)
+    assert cache.lengths == [len(s) for s in seqs]  # the last token fed is cached
+
+
+def test_unwritten_and_rewound_slots_are_invisible(model: TinyLlama) -> None:
+    cache = KVCache(SMALL, batch_size=2, max_seq=8)
+    k = torch.randn(2, SMALL.num_key_value_heads, 4, SMALL.head_dim)
+    _, _, k_pos = cache.update(0, k, k, torch.arange(4).expand(2, 4))
+    assert k_pos.tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    cache.rewind([2, 4])
+    k1 = torch.randn(2, SMALL.num_key_value_heads, 1, SMALL.head_dim)
+    keys, _, k_pos = cache.update(0, k1, k1, torch.tensor([[2], [4]]))
+    assert k_pos.tolist() == [[0, 1, 2, -1, -1], [0, 1, 2, 3, 4]]
+    torch.testing.assert_close(keys[0, :, 2], k1[0, :, 0])   # the rewound slot is rewritten
+    torch.testing.assert_close(keys[1, :, 4], k1[1, :, 0])
+    assert cache.lengths == [3, 5]
+
+
+def test_writing_past_the_cache_names_the_limit(model: TinyLlama) -> None:
+    cache = KVCache.for_model(model, 1, max_seq=6)
+    prefill(model, torch.tensor([_prompt(6)]), cache)
+    with pytest.raises(CacheFullError, match="holds 6 tokens"):
+        decode_step(model, torch.tensor([1]), torch.tensor([6]), cache)
+
+
+def test_past_the_context_window_is_a_clear_error(model: TinyLlama) -> None:
+    window = SMALL.max_position_embeddings
+    cache = KVCache.for_model(model, 1)
+    prefill(model, torch.tensor([_prompt(window)]), cache)
+    with pytest.raises(ValueError, match=f"context window of {window}"):
+        decode_step(model, torch.tensor([1]), torch.tensor([window]), cache)
+    with pytest.raises(ValueError, match=f"context window \\({window}\\)"):
+        KVCache(SMALL, max_seq=window + 1)
+
+
+def test_gaps_and_wrong_batch_are_rejected(model: TinyLlama) -> None:
+    cache = KVCache.for_model(model, 1, 10)
+    with pytest.raises(ValueError, match="must start at position 0"):
+        decode_step(model, torch.tensor([1]), torch.tensor([3]), cache)
+    with pytest.raises(ValueError, match="holds 1 sequences"):
+        prefill(model, torch.tensor([_prompt(3), _prompt(3)]), cache)
+
+
+def test_reset_empties_the_cache_for_reuse(model: TinyLlama) -> None:
+    cache = KVCache.for_model(model, 1, 16)
+    first = prefill(model, torch.tensor([_prompt(5, 1)]), cache)
+    cache.reset()
+    assert cache.lengths == [0] and cache.used_bytes == 0
+    again = prefill(model, torch.tensor([_prompt(5, 1)]), cache)
+    torch.testing.assert_close(first, again)

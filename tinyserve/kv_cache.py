@@ -1,0 +1,146 @@
+"""A contiguous KV cache: every sequence gets ``max_seq`` slots, allocated up front.
+
+Without a cache, decode step t re-runs the whole sequence, so it recomputes keys and values
+for t positions that have not changed (rotary keys depend only on their own position). The
+cache keeps them: prefill writes the prompt's keys and values in one pass, then each decode
+step computes K and V for the one new token and appends it.
+
+Layout ``(layers, batch, n_kv_heads, max_seq, head_dim)``, one tensor for K and one for V.
+It is sized by *KV* heads: with grouped-query attention several query heads read the same
+KV head, so the cache is ``num_attention_heads / num_key_value_heads`` times smaller than
+one sized by query heads.
+
+Slot ``s`` of a row holds the token at position ``s``. That makes the cache's bookkeeping
+one number per row, its length, and keeps the model's mask unchanged: ``update`` returns
+the position of every slot it hands back (``-1`` for a slot not yet written), and the model
+already hides keys with a negative position and keys in a query's future.
+
+The price of "contiguous" is memory: every row reserves ``max_seq`` slots whether it uses
+them or not. Paged caches (chapter 4) allocate blocks on demand instead.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .config import ModelConfig
+
+
+class CacheFullError(ValueError):
+    """A write past the cache's ``max_seq`` slots; the message names the limit."""
+
+
+class KVCache:
+    """Preallocated keys and values for ``batch_size`` sequences of up to ``max_seq`` tokens.
+
+    Implements the model's ``KVStore`` protocol: pass it as ``model(ids, positions, cache)``.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int = 1, max_seq: int | None = None,
+                 *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        window = config.max_position_embeddings
+        max_seq = window if max_seq is None else max_seq
+        if not 1 <= max_seq <= window:
+            raise ValueError(f"max_seq must be between 1 and the context window ({window}), "
+                             f"got {max_seq}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.config = config
+        self.batch_size = batch_size
+        self.max_seq = max_seq
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_seq,
+                 config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # Lengths live on the host: the host decides what to feed next, and reading them
+        # never waits for the device.
+        self.lengths: list[int] = [0] * batch_size
+        self._k_positions: Tensor | None = None  # shared by every layer of one forward pass
+
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, batch_size: int = 1,
+                  max_seq: int | None = None) -> "KVCache":
+        """A cache on the model's device, in the model's dtype."""
+        return cls(model.config, batch_size, max_seq, device=model.device, dtype=model.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for K and V (all slots, used or not)."""
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the slots that hold a token: what a cache without reservations would need."""
+        per_slot = self.nbytes // (self.batch_size * self.max_seq)
+        return per_slot * sum(self.lengths)
+
+    def update(self, layer: int, k: Tensor, v: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Write this step's keys and values (B, n_kv_heads, T, head_dim) at slots
+        ``positions`` (B, T) and return all keys and values up to the longest row, with
+        each slot's position (B, Tk) (``-1`` where a row has nothing written)."""
+        B, _, T, _ = k.shape
+        if B != self.batch_size:
+            raise ValueError(f"the cache holds {self.batch_size} sequences, got a batch of {B}")
+        if layer == 0:  # every layer sees the same positions: do the bookkeeping once
+            self._advance(positions)
+        rows = torch.arange(B, device=k.device)[:, None].expand(B, T)
+        # Advanced indices (rows, positions) around a slice put (B, T) first: (B, T, n_kv, hd).
+        self.k[layer][rows, :, positions] = k.transpose(1, 2)
+        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        assert self._k_positions is not None
+        n = self._k_positions.shape[1]
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n], self._k_positions
+
+    def _advance(self, positions: Tensor) -> None:
+        if positions.numel() == 0:
+            raise ValueError("nothing to write: the step has no tokens")
+        first = positions.min(dim=1).values.tolist()
+        last = positions.max(dim=1).values.tolist()
+        if max(last) >= self.max_seq:
+            raise CacheFullError(
+                f"position {max(last)} does not fit: the KV cache holds {self.max_seq} tokens "
+                f"per sequence (the context window is {self.config.max_position_embeddings}); "
+                f"shorten the prompt or lower max_tokens so prompt + output <= {self.max_seq}.")
+        if min(first) < 0:
+            raise ValueError("positions must be >= 0; padding belongs after a row's tokens "
+                             "and is forgotten with rewind()")
+        for b, (lo, hi) in enumerate(zip(first, last)):
+            if lo > self.lengths[b]:
+                # A gap would leave unwritten slots that the mask treats as real tokens.
+                raise ValueError(f"row {b} holds {self.lengths[b]} tokens, so its next write "
+                                 f"must start at position {self.lengths[b]}, not {lo}")
+            self.lengths[b] = max(self.lengths[b], hi + 1)
+        self._refresh_positions()
+
+    def _refresh_positions(self) -> None:
+        n = max(self.lengths)
+        slots = torch.arange(n, device=self.k.device)
+        lengths = torch.tensor(self.lengths, device=self.k.device)
+        self._k_positions = torch.where(slots[None, :] < lengths[:, None], slots, -1)
+
+    def rewind(self, lengths: Sequence[int]) -> None:
+        """Forget everything at or past ``lengths[b]`` in row ``b``.
+
+        Used after a padded prefill (rows of different prompt lengths are right-padded to
+        one tensor; the pads' slots are forgotten and later overwritten), and by speculative
+        decoding to drop rejected draft tokens. Nothing is erased: a forgotten slot gets
+        position -1, so no query can see it until it is written again.
+        """
+        if len(lengths) != self.batch_size:
+            raise ValueError(f"need one length per row ({self.batch_size}), got {len(lengths)}")
+        for b, n in enumerate(lengths):
+            if not 0 <= n <= self.lengths[b]:
+                raise ValueError(f"row {b} holds {self.lengths[b]} tokens; cannot rewind to {n}")
+        self.lengths = list(lengths)
+        self._refresh_positions()
+
+    def reset(self) -> None:
+        """Empty every row (the memory stays allocated for the next request)."""
+        self.rewind([0] * self.batch_size)
+
+    def __repr__(self) -> str:
+        return (f"KVCache(batch_size={self.batch_size}, max_seq={self.max_seq}, "
+                f"lengths={self.lengths}, nbytes={self.nbytes:,})")
