@@ -102,3 +102,22 @@ def test_bad_prompts_raise_prompt_errors(model: TinyLlama) -> None:
         generate(model, _prompt(32, 5), 3)
     with pytest.raises(PromptError, match="context window is 32"):
         generate_batch(model, [_prompt(3, 5), _prompt(40, 5)], 3)
+
+
+def test_cli_stream_and_no_cache_print_the_same_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from tinyserve.__main__ import main
+    outs = []
+    for extra in ([], ["--stream"], ["--no-cache"]):
+        code = main(["generate", "--prompt", "<|ticket|>Subject: refund", "--max-tokens", "12",
+                     *extra])
+        out, err = capsys.readouterr()
+        assert code == 0 and "TTFT" in err and "ITL p50" in err and "tok/s" in err
+        outs.append(out)
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_cli_rejects_bad_top_p_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from tinyserve.__main__ import main
+    code = main(["generate", "--prompt", "hi", "--top-p", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "top_p must be in (0, 1]" in err and "Traceback" not in err

@@ -15,7 +15,9 @@ from pathlib import Path
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .checkpoint import MODEL_NAMES, load_model
-    from .generate import generate_ids
+    from .generate import clock, generate_stream
+    from .metrics import RequestTrace, summary_line
+    from .sampling import SamplingParams
     from .tokenizer import load_tokenizer
 
     if args.model not in MODEL_NAMES:
@@ -29,16 +31,29 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         prompt = args.prompt
     if not prompt.strip():
         raise ValueError("the prompt is empty; give some text with --prompt.")
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     tok = load_tokenizer()
     model = load_model(args.model)
     ids = tok.encode(prompt)
     if args.echo or args.example is not None:
         print(prompt, end="", flush=True)
+    trace = RequestTrace(prompt_tokens=len(ids), arrival=clock(model.device))
     out: list[int] = []
-    for token in generate_ids(model, ids, args.max_tokens, temperature=args.temperature,
-                              seed=args.seed, stop_ids=(tok.eos_id,)):
+    shown = ""
+    for token in generate_stream(model, ids, args.max_tokens, sampling=sampling,
+                                 stop_ids=(tok.eos_id,), use_cache=not args.no_cache,
+                                 trace=trace):
         out.append(token)
-    print(tok.decode(out, skip_special=True))
+        if args.stream:
+            # Decode everything so far and print the new suffix: one token can be half of a
+            # multi-byte character, which only decodes once its other half arrives.
+            text = tok.decode(out, skip_special=True)
+            if not text.endswith("\ufffd"):
+                print(text[len(shown):], end="", flush=True)
+                shown = text
+    text = tok.decode(out, skip_special=True)
+    print(text[len(shown):] if args.stream else text)
+    print(summary_line(trace), file=sys.stderr)
     return 0
 
 
@@ -78,7 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="target", help="target or draft")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--top-k", type=int, default=None, help="sample among the k most likely")
+    g.add_argument("--top-p", type=float, default=None, help="sample within probability mass p")
     g.add_argument("--echo", action="store_true", help="print the prompt before the output")
+    g.add_argument("--stream", action="store_true", help="print tokens as they are made")
+    g.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole sequence every step (the reference loop)")
     g.set_defaults(func=_cmd_generate)
 
     t = sub.add_parser("train", help="train a preset and ship its weights")
