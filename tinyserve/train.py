@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .checkpoint import load_model, model_dir, save_model
+from .checkpoint import model_dir, save_model
 from .config import PRESETS, ModelConfig
 from .corpus import build_corpus
 from .model import TinyLlama
@@ -182,10 +182,6 @@ def train(preset: str, *, steps: int | None = None, save: bool = True,
         "val_tokens": int(val_windows[:, 1:].numel()),
         "machine": machine_info(), "git_commit": _git_commit(),
     }
-    if preset == "draft" and (model_dir("target") / "model.safetensors").exists():
-        target = load_model("target", device="cpu", dtype=torch.float32)
-        report["greedy_agreement_with_target"] = round(
-            greedy_agreement(target, model, val_windows), 4)
     plot_path = plot_path or (model_dir(preset) / "loss.png")
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot_loss(history, preset, plot_path)
