@@ -1,6 +1,7 @@
 """One command line for the course: ``python -m tinyserve COMMAND``.
 
   generate    continue a prompt with a shipped model
+  bench       run a benchmark suite (kv, hf) and report ratios
   train       train a preset (target or draft) and ship its weights
   export-hf   write a Hugging Face Llama folder
   model-card  recompute the figures the README's model card quotes
@@ -57,6 +58,26 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_bench():  # type: ignore[no-untyped-def]
+    """The suites live in the top-level ``bench`` package: installed alongside tinyserve, or
+    found next to it in a source checkout."""
+    try:
+        import bench
+    except ModuleNotFoundError:
+        root = Path(__file__).resolve().parents[1]
+        if not (root / "bench" / "__init__.py").exists():
+            raise RuntimeError("the benchmark suites (the bench/ folder) are not installed; "
+                               "run from a checkout of the course repository.") from None
+        sys.path.insert(0, str(root))
+        import bench
+    return bench
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    _import_bench().run_suite(args.suite, json_path=args.json, quick=args.quick)
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import train
     report = train(args.preset, steps=args.steps, save=not args.no_save)
@@ -100,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-cache", action="store_true",
                    help="recompute the whole sequence every step (the reference loop)")
     g.set_defaults(func=_cmd_generate)
+
+    b = sub.add_parser("bench", help="run a benchmark suite (kv, hf)")
+    b.add_argument("suite", help="kv: cached vs uncached decode; hf: vs transformers generate()")
+    b.add_argument("--json", help="also write the report as JSON to this path")
+    b.add_argument("--quick", action="store_true",
+                   help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
+    b.set_defaults(func=_cmd_bench)
 
     t = sub.add_parser("train", help="train a preset and ship its weights")
     t.add_argument("--preset", required=True, choices=["target", "draft"])

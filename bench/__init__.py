@@ -1,0 +1,23 @@
+"""Benchmark suites: ``python -m tinyserve bench SUITE [--json PATH] [--quick]``.
+
+Each suite measures an optimisation side by side with its plain reference *in the same run*
+and reports ratios (greater than 1 means the optimised path is faster), next to the raw
+medians, the machine and the commit. Tests run every suite with ``--quick`` and check the
+report's shape, never its timings.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+SUITES = {
+    "kv": "cached vs uncached decode: per-token cost by position, speed-up at 256 and 512",
+    "hf": "our cached greedy loop vs transformers generate() (batch 1 and 8), decode roofline",
+}
+
+
+def run_suite(name: str, json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+    if name not in SUITES:
+        raise ValueError(f"unknown bench suite {name!r}; choose one of: {', '.join(SUITES)}")
+    module = importlib.import_module(f"bench.{name}")
+    return module.run(json_path=json_path, quick=quick)

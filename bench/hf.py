@@ -1,0 +1,145 @@
+"""Our cached greedy loop vs ``transformers``' ``generate()``, and the decode roofline.
+
+**vs generate()**: the same weights (exported with ``write_hf_checkpoint``), the same device,
+fp32, greedy, the same prompts and the same number of new tokens (no early stop). The run
+asserts both produce identical tokens, then reports ``vs_hf_generate_bN`` = HF time / our
+time (greater than 1: we are faster). Batch 8 uses eight prompts cut to one length, so
+neither side needs padding.
+
+**Roofline**: a decode step at batch 1 must read every weight and the cached keys and values
+once, so it cannot beat (weight bytes + KV bytes) / memory bandwidth. The suite measures the
+bandwidth with a large tensor copy, and reports that floor next to the per-token time we
+reach (our TPOT at batch 1). ``decode_roofline_fraction`` = floor / achieved: 1.0 would be
+bandwidth-bound; far below it, per-step overheads dominate. (On a CPU a 25 MB model partly
+fits in the last-level cache, so the floor from DRAM bandwidth is a conservative one.)
+
+``--quick`` runs the same code on a tiny random model; its figures mean nothing.
+"""
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+
+from tinyserve.capacity import GB, kv_bytes_for_config
+from tinyserve.config import ModelConfig
+from tinyserve.corpus import example_prompts
+from tinyserve.device import default_device
+from tinyserve.generate import generate, generate_batch
+from tinyserve.hf_export import write_hf_checkpoint
+from tinyserve.metrics import tpot
+from tinyserve.model import TinyLlama
+from tinyserve.tokenizer import load_tokenizer
+
+from .common import median_seconds, report, table, write_json
+
+
+def _model(quick: bool) -> tuple[TinyLlama, str]:
+    if quick:
+        tok = load_tokenizer()
+        cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=128, bos_token_id=tok.bos_id,
+                          eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+        torch.manual_seed(0)
+        model = TinyLlama(cfg).eval()
+        with torch.no_grad():  # away from the near-uniform init, so greedy has no near-ties
+            for p in model.parameters():
+                p.mul_(3)
+        return model, "random tiny (quick)"
+    from tinyserve.checkpoint import load_model
+    return load_model("target", device="cpu", dtype=torch.float32), "target"
+
+
+def _hf_generate(hf: Any, ids: torch.Tensor, n: int) -> list[list[int]]:
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                          min_new_tokens=n, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, top_k=None, top_p=None, temperature=None)
+    return out[:, ids.shape[1]:].tolist()
+
+
+def memory_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
+    """Bytes per second of a large copy (it reads and writes ``nbytes`` each)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2 * nbytes / seconds
+
+
+def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+    import transformers
+
+    device = default_device()
+    model, name = _model(quick)
+    tok = load_tokenizer()
+    n_new, prompt_len, repeats = (8, 16, 2) if quick else (128, 64, 3)
+    prompts = [tok.encode(p)[:prompt_len] for p in example_prompts(8)]
+    if min(map(len, prompts)) < prompt_len:
+        raise RuntimeError(f"an example prompt is shorter than {prompt_len} tokens")
+
+    with tempfile.TemporaryDirectory() as folder:
+        write_hf_checkpoint(model, tok, folder)   # moves our model to CPU fp32
+        hf = transformers.LlamaForCausalLM.from_pretrained(
+            folder, local_files_only=True, dtype=torch.float32).to(device).eval()
+    model = model.to(device)
+
+    rows, ratios, measured = [], {}, {}
+    for batch in (1, 8):
+        ids = torch.tensor(prompts[:batch], device=device)
+        ours_out: dict[str, list[list[int]]] = {}
+
+        def ours() -> None:
+            if batch == 1:
+                ours_out["tokens"] = [generate(model, prompts[0], n_new).tokens]
+            else:
+                ours_out["tokens"] = generate_batch(model, prompts[:batch], n_new)
+
+        theirs_out: dict[str, list[list[int]]] = {}
+
+        def theirs() -> None:
+            theirs_out["tokens"] = _hf_generate(hf, ids, n_new)
+
+        t_ours = median_seconds(ours, device, repeats)
+        t_hf = median_seconds(theirs, device, repeats)
+        if ours_out["tokens"] != theirs_out["tokens"]:
+            raise RuntimeError(f"batch {batch}: our greedy tokens differ from generate()'s")
+        ratios[f"vs_hf_generate_b{batch}"] = t_hf / t_ours
+        measured[f"b{batch}"] = {"ours_s": t_ours, "hf_generate_s": t_hf,
+                                 "new_tokens": n_new, "prompt_tokens": prompt_len,
+                                 "ours_tokens_per_s": batch * n_new / t_ours,
+                                 "hf_tokens_per_s": batch * n_new / t_hf}
+        rows.append([batch, t_ours, t_hf, batch * n_new / t_ours, batch * n_new / t_hf,
+                     t_hf / t_ours])
+    print(f"greedy, {prompt_len}-token prompts, {n_new} new tokens ({name}, {device}, fp32, "
+          f"median of {repeats}, transformers {transformers.__version__})")
+    print(table(["batch", "ours s", "generate() s", "ours tok/s", "generate() tok/s",
+                 "generate()/ours"], rows))
+
+    # Roofline at batch 1: bytes one decode step must read vs the time it takes.
+    bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)
+    cfg = model.config
+    weight_bytes = model.num_parameters() * model.dtype.itemsize
+    mid_context = prompt_len + n_new // 2
+    kv_bytes = kv_bytes_for_config(cfg, mid_context, model.dtype)
+    floor = (weight_bytes + kv_bytes) / bandwidth
+    achieved = [x for x in (tpot(generate(model, prompts[0], n_new)) for _ in range(repeats))
+                if x is not None]
+    achieved_s = sorted(achieved)[len(achieved) // 2]
+    ratios["decode_roofline_fraction"] = floor / achieved_s
+    measured["roofline"] = {"bandwidth_gb_per_s": bandwidth / GB, "weight_bytes": weight_bytes,
+                            "kv_bytes_at_mid_context": kv_bytes, "mid_context": mid_context,
+                            "floor_ms_per_token": floor * 1e3,
+                            "achieved_ms_per_token": achieved_s * 1e3}
+    print(f"\ndecode roofline, batch 1: bandwidth {bandwidth / GB:.1f} GB/s; reads "
+          f"{(weight_bytes + kv_bytes) / 1e6:.1f} MB per token -> floor {floor * 1e3:.3f} ms; "
+          f"achieved {achieved_s * 1e3:.3f} ms ({floor / achieved_s:.0%} of the bound)")
+
+    data = report("hf", ratios=ratios, measurements=measured,
+                  conditions={"model": name, "device": str(device), "dtype": "float32",
+                              "sampling": "greedy", "repeats": repeats,
+                              "prompt_tokens": prompt_len, "new_tokens": n_new},
+                  quick=quick)
+    write_json(data, json_path)
+    return data

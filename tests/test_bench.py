@@ -1,0 +1,51 @@
+"""Every benchmark suite runs end to end (``--quick``: tiny sizes) and writes a report of the
+agreed shape. Timings are never asserted here: they live in the reports."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tinyserve.__main__ import main
+
+EXPECTED_RATIOS = {
+    "kv": {"cache_speedup_256", "cache_speedup_512"},
+    "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction"},
+}
+
+
+def _check_report(data: dict, suite: str) -> None:
+    assert {"suite", "ratios", "measurements", "machine", "git_commit", "date",
+            "conditions", "quick"} <= set(data)
+    assert data["suite"] == suite and data["quick"] is True
+    assert set(data["ratios"]) == EXPECTED_RATIOS[suite]
+    assert all(isinstance(v, float) and v > 0 for v in data["ratios"].values())
+    assert data["machine"]["torch"] and data["machine"]["cpu_count"]
+    assert data["date"][:2] == "20"
+
+
+@pytest.mark.parametrize("suite", ["kv", "hf"])
+def test_suite_writes_its_report(suite: str, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    if suite == "hf":
+        pytest.importorskip("transformers")
+    out = tmp_path / f"{suite}.json"
+    assert main(["bench", suite, "--quick", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    _check_report(data, suite)
+    assert "-----" in printed  # a table for people next to the JSON for machines
+    if suite == "kv":
+        steps = data["measurements"]["step_cost"]
+        assert [s["position"] for s in steps] == sorted(s["position"] for s in steps)
+        assert data["measurements"]["generation"]["512"]["generated"] == 63  # fills the window
+    else:
+        roof = data["measurements"]["roofline"]
+        assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
+
+
+def test_unknown_suite_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown bench suite 'nope'" in err and "kv, hf" in err
