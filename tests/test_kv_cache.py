@@ -142,3 +142,17 @@ def test_reset_empties_the_cache_for_reuse(model: TinyLlama) -> None:
     assert cache.lengths == [0] and cache.used_bytes == 0
     again = prefill(model, torch.tensor([_prompt(5, 1)]), cache)
     torch.testing.assert_close(first, again)
+
+
+@pytest.mark.gpu
+def test_cache_on_cuda_follows_the_model_and_equals_recompute(model: TinyLlama) -> None:
+    gpu = TinyLlama(SMALL).eval()
+    gpu.load_state_dict(model.state_dict())
+    gpu = gpu.to("cuda")
+    prompt = _prompt(9, 7)
+    n = SMALL.max_position_embeddings - len(prompt)
+    assert list(generate_stream(gpu, prompt, n)) == list(generate_ids(gpu, prompt, n))
+    half = gpu.to(torch.bfloat16)
+    cache = KVCache.for_model(half, 2)
+    assert cache.k.device.type == "cuda" and cache.k.dtype == torch.bfloat16
+    assert len(list(generate_stream(half, prompt, 5))) == 5

@@ -57,7 +57,9 @@ class KVCache:
         # Lengths live on the host: the host decides what to feed next, and reading them
         # never waits for the device.
         self.lengths: list[int] = [0] * batch_size
-        self._k_positions: Tensor | None = None  # shared by every layer of one forward pass
+        # Set once per forward pass (at layer 0) and shared by every layer:
+        self._k_positions: Tensor | None = None  # (B, Tk) position of each returned slot
+        self._write: tuple[Tensor, Tensor] | slice = slice(0)  # where this step's tokens go
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int = 1,
@@ -86,10 +88,14 @@ class KVCache:
             raise ValueError(f"the cache holds {self.batch_size} sequences, got a batch of {B}")
         if layer == 0:  # every layer sees the same positions: do the bookkeeping once
             self._advance(positions)
-        rows = torch.arange(B, device=k.device)[:, None].expand(B, T)
-        # Advanced indices (rows, positions) around a slice put (B, T) first: (B, T, n_kv, hd).
-        self.k[layer][rows, :, positions] = k.transpose(1, 2)
-        self.v[layer][rows, :, positions] = v.transpose(1, 2)
+        if isinstance(self._write, slice):  # every row writes the same slot: a plain copy
+            self.k[layer, :, :, self._write] = k
+            self.v[layer, :, :, self._write] = v
+        else:
+            rows, slots = self._write
+            # Advanced indices (rows, slots) around a slice put (B, T) first: (B, T, n_kv, hd).
+            self.k[layer][rows, :, slots] = k.transpose(1, 2)
+            self.v[layer][rows, :, slots] = v.transpose(1, 2)
         assert self._k_positions is not None
         n = self._k_positions.shape[1]
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n], self._k_positions
@@ -113,6 +119,12 @@ class KVCache:
                 raise ValueError(f"row {b} holds {self.lengths[b]} tokens, so its next write "
                                  f"must start at position {self.lengths[b]}, not {lo}")
             self.lengths[b] = max(self.lengths[b], hi + 1)
+        B, T = positions.shape
+        if T == 1 and len(set(first)) == 1:  # the common decode step: one shared position
+            self._write = slice(first[0], first[0] + 1)
+        else:
+            self._write = (torch.arange(B, device=positions.device)[:, None].expand(B, T),
+                           positions)
         self._refresh_positions()
 
     def _refresh_positions(self) -> None:
