@@ -113,12 +113,12 @@ class KVCache:
         if min(first) < 0:
             raise ValueError("positions must be >= 0; padding belongs after a row's tokens "
                              "and is forgotten with rewind()")
-        for b, (lo, hi) in enumerate(zip(first, last)):
+        for b, lo in enumerate(first):
             if lo > self.lengths[b]:
                 # A gap would leave unwritten slots that the mask treats as real tokens.
                 raise ValueError(f"row {b} holds {self.lengths[b]} tokens, so its next write "
                                  f"must start at position {self.lengths[b]}, not {lo}")
-            self.lengths[b] = max(self.lengths[b], hi + 1)
+        self.lengths = [max(n, hi + 1) for n, hi in zip(self.lengths, last)]
         B, T = positions.shape
         if T == 1 and len(set(first)) == 1:  # the common decode step: one shared position
             self._write = slice(first[0], first[0] + 1)
