@@ -11,11 +11,13 @@ Two views of the same effect:
   so "512" means the generation that fills it: 1 prompt token + 511 generated.
 
 Conditions: fp32 on the default device (CPU unless CUDA is present), greedy, no stop token,
-medians of a few repeats. ``--quick`` runs the same code on a tiny random model with a
+medians of a few repeats. Also measured: prefill time against prompt length and decode time
+against output length (the phase-cost plot, written next to the JSON). ``--quick`` runs the same code on a tiny random model with a
 64-token window, to check the report's shape in seconds; its figures mean nothing.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -89,15 +91,53 @@ def generation_speedup(model: TinyLlama, n_tokens: int, repeats: int) -> dict[st
             "speedup": runs[False] / runs[True]}
 
 
+def phase_costs(model: TinyLlama, prompt_lengths: list[int], output_lengths: list[int],
+                repeats: int) -> dict[str, list[list[float]]]:
+    """Prefill milliseconds against prompt length, and decode milliseconds (E2E - TTFT)
+    against output length with and without the cache: the data of the phase-cost plot."""
+    device, vocab = model.device, model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    out: dict[str, list[list[float]]] = {"prefill": [], "decode_cached": [], "decode_uncached": []}
+    for n in prompt_lengths:
+        ids = torch.randint(0, vocab, (1, n), generator=g).to(device)
+
+        def once() -> None:
+            prefill(model, ids, KVCache.for_model(model, 1, n))
+        out["prefill"].append([n, 1e3 * median_seconds(once, device, repeats)])
+    prompt = torch.randint(0, vocab, (16,), generator=g).tolist()
+    for n in output_lengths:
+        for use_cache in (True, False):
+            decode_ms = []
+            for _ in range(repeats):
+                t = generate(model, prompt, n, use_cache=use_cache)
+                decode_ms.append(1e3 * (t.finish - t.token_times[0]))  # type: ignore[operator]
+            key = "decode_cached" if use_cache else "decode_uncached"
+            out[key].append([n, sorted(decode_ms)[len(decode_ms) // 2]])
+    return out
+
+
+def _save_plot(costs: dict[str, list[list[float]]], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    from tinyserve.plots import phase_costs as draw
+    fig = draw({"prefill (same with or without cache)": [tuple(p) for p in costs["prefill"]]},
+               {"KV cache": [tuple(p) for p in costs["decode_cached"]],
+                "no cache": [tuple(p) for p in costs["decode_uncached"]]})
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     device = default_device()
     model, name = _model(quick, device)
     window = model.config.max_position_embeddings
     if quick:
         positions, lengths, repeats, gen_repeats = [1, 16, 63], {"256": 16, "512": 64}, 3, 1
+        prompt_lengths, output_lengths = [4, 32], [4, 16]
     else:
         positions = [1, 64, 128, 256, 384, 511]
         lengths, repeats, gen_repeats = {"256": 256, "512": 512}, 7, 3
+        prompt_lengths, output_lengths = [16, 64, 128, 256, 496], [16, 64, 128, 256]
     steps = step_costs(model, positions, repeats)
     print(f"decode step cost by position ({name}, {device}, fp32, batch 1, median of {repeats})")
     print(table(["position", "cached ms", "uncached ms", "uncached/cached"],
@@ -108,13 +148,21 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     print(table(["positions", "generated", "cached s", "uncached s", "speed-up"],
                 [[g["target_positions"], g["generated"], g["cached_s"], g["uncached_s"],
                   g["speedup"]] for g in gens.values()]))
+    costs = phase_costs(model, prompt_lengths, output_lengths, gen_repeats)
+    print("\nphase costs: prefill ms by prompt length; decode ms (E2E - TTFT) by output length")
+    print(table(["prompt tokens", "prefill ms"], costs["prefill"]))
+    print(table(["output tokens", "decode ms, cache", "decode ms, no cache"],
+                [[c[0], c[1], u[1]] for c, u in zip(costs["decode_cached"],
+                                                    costs["decode_uncached"])]))
     data = report(
         "kv",
         ratios={f"cache_speedup_{key}": g["speedup"] for key, g in gens.items()},
-        measurements={"step_cost": steps, "generation": gens},
+        measurements={"step_cost": steps, "generation": gens, "phase_costs": costs},
         conditions={"model": name, "device": str(device), "dtype": "float32", "batch": 1,
                     "sampling": "greedy", "repeats": repeats, "generation_repeats": gen_repeats,
                     "context_window": window},
         quick=quick)
     write_json(data, json_path)
+    if json_path:
+        _save_plot(costs, Path(json_path).with_suffix(".png"))
     return data

@@ -37,6 +37,8 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
     _check_report(data, suite)
     assert "-----" in printed  # a table for people next to the JSON for machines
     if suite == "kv":
+        assert out.with_suffix(".png").stat().st_size > 0  # and a plot
+    if suite == "kv":
         steps = data["measurements"]["step_cost"]
         assert [s["position"] for s in steps] == sorted(s["position"] for s in steps)
         assert data["measurements"]["generation"]["512"]["generated"] == 63  # fills the window

@@ -68,14 +68,15 @@ def phase_costs(prefill: Mapping[str, Sequence[tuple[int, float]]],
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     ax_p, ax_d = fig.subplots(1, 2)
     for ax, series, xlabel, title in (
-            (ax_p, prefill, "prompt length (tokens)", "prefill: grows with the prompt"),
-            (ax_d, decode, "output length (tokens)", "decode: one step per output token")):
+            (ax_p, prefill, "prompt length (tokens)", "prefill: one pass over the prompt"),
+            (ax_d, decode, "output length (tokens)", "decode: one pass per output token")):
         for label, points in series.items():
             xs, ys = zip(*sorted(points)) if points else ((), ())
             ax.plot(xs, ys, marker="o", label=label)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("time (ms)")
         ax.set_title(title, fontsize=10)
+        ax.set_ylim(bottom=0)  # from zero, so a ratio reads off the picture honestly
         ax.grid(alpha=0.3)
         if series:
             ax.legend(fontsize=8)
