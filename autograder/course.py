@@ -167,14 +167,28 @@ def _normalise(path: Path) -> None:
 
 
 def ensure_in_gradebook(course: Course, assignment: str) -> None:
-    """Make sure the gradebook knows the assignment's cells (a fresh clone has no gradebook)."""
+    """Make sure the gradebook knows the assignment's current cells and points.
+
+    A fresh clone has no gradebook, and a source notebook edited since the last release has
+    different cells; either way nbgrader records the assignment again (into a throwaway
+    release folder, so exercises/ is untouched).
+    """
     from nbgrader.api import Gradebook, MissingEntry
 
+    want = {}
+    for name in course.notebooks(assignment):
+        nb = grader_template(course, assignment, name)
+        want[name] = sorted((c.metadata["nbgrader"]["grade_id"],
+                             float(c.metadata["nbgrader"].get("points", 0)))
+                            for c in nb.cells
+                            if c.get("metadata", {}).get("nbgrader", {}).get("grade"))
     if course.gradebook_path.exists():
         with Gradebook(course.db_url) as gb:
             try:
                 a = gb.find_assignment(assignment)
-                if {n.name for n in a.notebooks} == set(course.notebooks(assignment)):
+                have = {n.name: sorted((g.name, float(g.max_score)) for g in n.grade_cells)
+                        for n in a.notebooks}
+                if have == want:
                     return
             except MissingEntry:
                 pass

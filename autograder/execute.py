@@ -84,7 +84,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
     client = _Client(
         nb, km=km, allow_errors=True, timeout=int(cell_timeout), interrupt_on_timeout=True,
         error_on_timeout={"ename": TIMEOUT_NAME, "evalue": "cell timed out", "traceback": []},
-        startup_timeout=int(startup_timeout), iopub_timeout=4, shutdown_kernel="immediate",
+        startup_timeout=int(startup_timeout), iopub_timeout=2, shutdown_kernel="immediate",
         record_timing=False, resources={"metadata": {"path": cwd}},
         on_cell_executed=on_executed)
     start = time.monotonic()
