@@ -161,7 +161,9 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     row's future, so the causal mask already hides it from the real tokens; with the cache,
     ``rewind`` then forgets the pads' slots and decode overwrites them. A row that has
     stopped keeps being computed (that is static batching's waste) but its tokens are
-    dropped. Returns each row's new tokens.
+    dropped. Returns each row's new tokens. With sampling, all rows draw from one seeded
+    stream, so a seeded batch is reproducible, though a row's tokens differ from the same
+    prompt run alone with that seed.
     """
     if not prompts:
         raise PromptError("no prompts given")
