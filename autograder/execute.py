@@ -18,7 +18,7 @@ from jupyter_client import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-ARM = "import autograder.testkit as _autograder_testkit"
+ARM = "import autograder.testkit"
 # Prepended to every test cell: re-import the helpers (undoing any rebinding) and check the
 # kernel for tampering before the test's own code runs.
 GUARD = ("from autograder.testkit import check_close, check_equal, check; "
@@ -68,7 +68,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
                  env: dict[str, str] | None = None, cell_timeout: float = 60,
                  total_timeout: float = 600, guarded: set[int] | None = None,
                  interrupt_grace: float = 5, startup_timeout: float = 60,
-                 kernel_output=None) -> RunReport:
+                 kernel_output=None, after_start=None) -> RunReport:
     """Execute ``nb`` in place (outputs are stored on its cells) and report per cell.
 
     ``km`` must be an *async* kernel manager: nbclient polls the kernel from an event loop,
@@ -99,6 +99,8 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
             # Import the testkit before any submitted code, so it captures clean references.
             if not _probe(client, ARM, timeout=startup_timeout):
                 report.events.append("the grading helpers failed to load in the kernel")
+            if after_start is not None:
+                after_start()
             for index in code_cells:
                 cell = nb.cells[index]
                 label = _label(cell, index)
@@ -144,7 +146,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
                 client._out_bytes = -10 * client.output_limit  # the report must get out
                 nonce = secrets.token_hex(8)
                 probe = nbformat.v4.new_code_cell(
-                    f"_autograder_testkit._integrity_report({nonce!r})")
+                    f"__import__('autograder.testkit').testkit._integrity_report({nonce!r})")
                 if _probe(client, probe, timeout=30):
                     report.integrity = _parse_integrity(probe, nonce)
     except DeadKernelError:

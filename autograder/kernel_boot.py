@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
 
 _BLOCKED = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system",
@@ -25,7 +26,7 @@ _MAX_RECORDS = 200
 
 def _set_limits(limits: dict) -> None:
     mb = 1024 * 1024
-    for res, value in ((resource.RLIMIT_AS, limits["memory_mb"] * mb),
+    for res, value in (  # (scratch_mb is the tmpfs size, applied by bwrap)(resource.RLIMIT_AS, limits["memory_mb"] * mb),
                        (resource.RLIMIT_NPROC, limits["processes"]),
                        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb),
                        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
@@ -44,8 +45,7 @@ def _drop_privileges(uid: int) -> None:
             raise SystemExit("could not drop root inside the sandbox")
 
 
-def _install_audit_hook(log_path: str, allowed: list[str]) -> None:
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+def _install_audit_hook(log_fd: int, log_path: str, allowed: list[str]) -> None:
     log_real = os.path.realpath(log_path)
     prefixes = tuple(p.rstrip("/") + "/" for p in allowed)
     exact = {p.rstrip("/") for p in allowed}
@@ -113,14 +113,21 @@ def _install_audit_hook(log_path: str, allowed: list[str]) -> None:
 def main() -> None:
     spec = json.loads(os.environ["AUTOGRADER_SANDBOX"])
     allowed = json.loads(os.environ.get("AUTOGRADER_READ_ROOTS", "[]"))
-    home = os.path.join(spec["run_dir"], "home")
-    allowed += [spec["run_dir"], "/tmp", "/dev", "/proc", "/sys", "/etc/ld.so.cache",
-                "/etc/localtime", "/usr", "/lib", "/lib64", "/bin"]
+    run_dir = spec["run_dir"]
+    home = os.path.join(run_dir, "home")
+    allowed += [home, os.path.join(run_dir, "ipc"), os.path.join(run_dir, "kernel.json"),
+                "/tmp", "/dev", "/proc", "/sys", "/etc/ld.so.cache", "/etc/localtime",
+                "/usr", "/lib", "/lib64", "/bin"]
+    log_path = os.path.join(run_dir, "audit.log")
+    # Still root here (inside the sandbox, with no capability but setuid/setgid): open the
+    # root-owned log and copy the released data files into the tmpfs home, then drop.
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    shutil.copytree(os.path.join(run_dir, "support"), home, dirs_exist_ok=True)
     _set_limits(spec["limits"])
     if spec.get("isolate", True):
         _drop_privileges(spec["uid"])
     os.chdir(home)
-    _install_audit_hook(os.path.join(spec["run_dir"], "audit.log"), allowed)
+    _install_audit_hook(log_fd, log_path, allowed)
     for key in ("AUTOGRADER_SANDBOX", "AUTOGRADER_READ_ROOTS"):
         os.environ.pop(key, None)
     from ipykernel.kernelapp import launch_new_instance

@@ -38,6 +38,7 @@ class Limits:
     file_size_mb: int = 64
     cpu_seconds: int = 300
     open_files: int = 1024
+    scratch_mb: int = 256       # size of each tmpfs (/tmp and the working folder; in RAM)
 
 
 @dataclass
@@ -50,6 +51,15 @@ class SandboxSpec:
     @property
     def home(self) -> str:
         return os.path.join(self.run_dir, "home")
+
+    @property
+    def support(self) -> str:
+        """Released data files, copied into home by kernel_boot before any student code."""
+        return os.path.join(self.run_dir, "support")
+
+    @property
+    def ipc(self) -> str:
+        return os.path.join(self.run_dir, "ipc")
 
     @property
     def audit_log(self) -> str:
@@ -141,9 +151,15 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
         argv.extend(["--ro-bind", root, root])
     for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
         argv.extend(["--ro-bind-try", etc, etc])
-    argv.extend(["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"])
+    size = str(spec.limits.scratch_mb * 2**20)
+    argv.extend(["--proc", "/proc", "--dev", "/dev",
+                 "--size", size, "--perms", "1777", "--tmpfs", "/tmp"])
     ensure_parents(spec.run_dir)
-    argv.extend(["--bind", spec.run_dir, spec.run_dir, "--chdir", spec.home])
+    # The run folder is root's: the sandbox user can write only in ipc/ (until the kernel
+    # has started, see lock_ipc) and in home, a size-capped tmpfs, so it cannot fill a disk.
+    argv.extend(["--bind", spec.run_dir, spec.run_dir,
+                 "--size", size, "--perms", "1777", "--tmpfs", spec.home,
+                 "--chdir", spec.home])
     if os.getuid() == 0:
         # kernel_boot needs these two to drop to the sandbox uid; it then has no capability.
         argv.extend(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"])
@@ -179,14 +195,25 @@ def write_kernelspec(folder: Path) -> Path:
 
 
 def prepare_run_dir(spec: SandboxSpec) -> None:
-    """Create the run folder and hand it to the sandbox uid (only it and root may enter)."""
-    home = Path(spec.home)
-    home.mkdir(parents=True, exist_ok=True)
-    Path(spec.audit_log).touch()
+    """Lay out the run folder: root-owned, with only ipc/ handed to the sandbox uid.
+
+    The audit log stays root's (0600): kernel_boot opens it before dropping privileges, so
+    the submission holds only an append-only descriptor and cannot open it by name.
+    """
+    for d in (spec.run_dir, spec.home, spec.support, spec.ipc):
+        Path(d).mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o755)
+    Path(spec.audit_log).touch(mode=0o600)
     if os.getuid() == 0 and spec.isolate:
-        for p in [Path(spec.run_dir), *Path(spec.run_dir).rglob("*")]:
-            os.chown(p, spec.uid, spec.uid, follow_symlinks=False)
-        os.chmod(spec.run_dir, 0o700)
+        os.chown(spec.ipc, spec.uid, spec.uid)
+        os.chmod(spec.ipc, 0o700)
+
+
+def lock_ipc(spec: SandboxSpec) -> None:
+    """Once the kernel has bound its sockets, take ipc/ back so it cannot grow files there."""
+    if os.getuid() == 0 and spec.isolate:
+        os.chown(spec.ipc, 0, 0)
+        os.chmod(spec.ipc, 0o755)
 
 
 def launch(connection_file: str) -> None:

@@ -66,6 +66,9 @@ def load(path: Path) -> tuple[NotebookNode, list[str]]:
     except json.JSONDecodeError as e:
         raise Unreadable(f"{path.name} is not valid JSON (line {e.lineno}, column {e.colno}: "
                          f"{e.msg}); the file was damaged, resubmit it from JupyterLab") from None
+    except (RecursionError, ValueError, MemoryError):
+        raise Unreadable(f"{path.name} is not a notebook JSON file (nested too deeply or "
+                         "malformed); resubmit it from JupyterLab") from None
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise Unreadable(f"{path.name} is JSON but not a notebook (no list of cells)")
     version = (data.get("nbformat"), data.get("nbformat_minor"))

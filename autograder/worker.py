@@ -22,7 +22,7 @@ import nbformat
 
 from .course import Course, grader_template, write_json
 from .execute import RunReport, run_notebook
-from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, prepare_run_dir, \
+from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     write_kernelspec
 from .scan import names_bound, scan_cell
 from .submission import Unreadable, grade_id, is_answer, is_test, load, merge, nbgrader_meta
@@ -115,7 +115,9 @@ def grade_notebook(course: Course, job: Job, name: str, path: Path | None,
     merged = merge(template, release_nb, student)
     res["reasons"].extend(notes + merged.notes)
 
-    protected: dict[str, str] = {}
+    # Names the test code relies on: whatever the locked cells bind, and the helpers.
+    protected: dict[str, str] = {n: f"autograder.testkit.{n}"
+                                 for n in ("check_close", "check_equal", "check")}
     for cell in template.cells:
         nbg = nbgrader_meta(cell) or {}
         if cell.cell_type == "code" and nbg.get("locked") and not nbg.get("grade"):
@@ -216,17 +218,17 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
     try:
         spec = SandboxSpec(run_dir=str(scratch / "run"), uid=BASE_UID + job.slot,
                            limits=Limits(**job.limits), isolate=not job.unsafe)
+        prepare_run_dir(spec)
         home = Path(spec.home)
-        home.mkdir(parents=True)
         # Released support files, never the submitted copies (a student could edit them).
         for rel in course.support_files(job.assignment):
-            dest = home / rel
+            dest = Path(spec.support) / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(course.release / job.assignment / rel, dest)
-        prepare_run_dir(spec)
+            shutil.copyfile(course.release / job.assignment / rel, dest)
+            os.chmod(dest, 0o644)
         ksm = KernelSpecManager(kernel_dirs=[str(write_kernelspec(scratch / "kernels"))])
         km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm,
-                           transport="ipc", ip=str(Path(spec.run_dir) / "ipc"),
+                           transport="ipc", ip=str(Path(spec.ipc) / "kernel"),
                            connection_file=str(Path(spec.run_dir) / "kernel.json"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}
         env["AUTOGRADER_SANDBOX"] = spec.to_env()
@@ -235,7 +237,7 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
             report = run_notebook(nb, km, cwd=str(home), env=env,
                                   cell_timeout=job.cell_timeout,
                                   total_timeout=job.total_timeout, guarded=guarded,
-                                  kernel_output=log)
+                                  kernel_output=log, after_start=lambda: lock_ipc(spec))
         report.audit = read_audit(Path(spec.audit_log))  # type: ignore[attr-defined]
         if report.kernel_died and not any(r.status != "not_run" for r in report.cells.values()):
             tail = (scratch / "kernel.log").read_text(errors="replace").strip()[-600:]

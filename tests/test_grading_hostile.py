@@ -35,7 +35,7 @@ def graded(tmp_path_factory):
                         course.submitted / name / "mini")
     results = autograde(course, "mini", workers=2, cell_timeout=4, total_timeout=60,
                         limits={"memory_mb": 1536, "processes": 256, "file_size_mb": 16,
-                                "cpu_seconds": 60, "open_files": 1024}, progress=False)
+                                "scratch_mb": 64, "cpu_seconds": 60, "open_files": 1024}, progress=False)
     feedback(course, "mini")
     export(course, ["mini"], course.work / "grades.csv")
     return course, {r["student"]: r for r in results}
