@@ -179,11 +179,15 @@ def _probe(client: NotebookClient, code, *, timeout: float) -> bool:
     hook = client.on_cell_executed
     client.on_cell_executed = lambda cell, cell_index, execute_reply: replies.update(
         r=execute_reply)
+    # nbclient stores the executed cell back at nb.cells[cell_index]; give the probe a slot
+    # of its own at the end, so it never overwrites a notebook cell.
+    client.nb.cells.append(cell)
     try:
-        client.execute_cell(cell, 0, store_history=False)
+        client.execute_cell(cell, len(client.nb.cells) - 1, store_history=False)
     except (CellTimeoutError, DeadKernelError):
         return False
     finally:
+        client.nb.cells.pop()
         client.timeout = old
         client.on_cell_executed = hook
     content = (replies.get("r") or {}).get("content", {})

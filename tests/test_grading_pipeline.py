@@ -130,7 +130,9 @@ def test_autograde_refuses_without_sandbox_unless_unsafe(mini, monkeypatch):
 def test_self_check_reports_visible_tests(mini, tmp_path):
     nb = tmp_path / "mini.ipynb"
     rel = mini.release / "mini"
-    nb.write_text(solved_mini(rel / "mini.ipynb", "def double(x):\n    return x + 3"))
+    data = json.loads(solved_mini(rel / "mini.ipynb", "def double(x):\n    return x + 3"))
+    data["cells"] = data["cells"][1:]  # the read-only setup cell is now the first cell
+    nb.write_text(json.dumps(data))
     shutil.copy(rel / "constants.json", tmp_path)
     out = cli("check", str(nb))
     assert out.returncode == 1, out.stdout + out.stderr
