@@ -104,6 +104,15 @@ def test_scan_flags_tampering(source, needle):
     assert any(needle in str(f) for f in findings), findings
 
 
+def test_scan_allows_measuring_magics_but_scans_their_code():
+    assert scan_cell("%timeit kv(2, 3)\n%matplotlib inline", "answer", PROTECTED) == []
+    assert scan_cell("%%time\ntotal = kv(2, 3)", "answer", PROTECTED) == []
+    assert any("settrace" in str(f) for f in
+               scan_cell("%time sys.settrace(None)", "answer", PROTECTED))
+    assert any("get_ipython" in str(f) for f in
+               scan_cell("%load_ext autoreload", "answer", PROTECTED))
+
+
 def test_scan_passes_honest_code():
     honest = ("import json\nimport math\nimport re\nimport numpy as np\n"
               "def kv(layers, heads):\n    total = 2 * layers * heads\n"

@@ -115,6 +115,12 @@ def test_regrading_is_idempotent_and_keeps_manual_grades(mini):
     assert con.execute("select count(*) from submitted_assignment").fetchone()[0] == 3
 
 
+def test_unsafe_mode_grades_without_the_sandbox(mini):
+    results = autograde(mini, "mini", students=["ann"], unsafe=True, progress=False,
+                        record=False)
+    assert [(r["student"], r["status"], r["score"]) for r in results] == [("ann", "graded", 3.0)]
+
+
 def test_collect_refuses_path_tricks(mini):
     assert not (mini.submitted / "evil").exists()
     assert not (mini.work / "evil").exists()
