@@ -27,3 +27,11 @@ c.Execute.interrupt_on_timeout = True
 c.OverwriteCells.add_missing_cells = True
 # Validate: show every failing test, not only the first.
 c.Validator.validate_all = True
+
+# nbgrader's own feedback (formgrader's button) renders the autograded notebook: cut the
+# hidden tests and tracebacks from it. `python -m autograder feedback` is the main path.
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.GetGrades",
+    "autograder.nbfeedback.SanitizeFeedback",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]

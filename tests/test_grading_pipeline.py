@@ -97,6 +97,19 @@ def test_feedback_names_tests_and_messages_without_leaking(mini):
 
 
 @needs_sandbox
+def test_nbgrader_feedback_preprocessor_strips_hidden_tests_and_tracebacks(mini):
+    import nbformat
+    from autograder.nbfeedback import SanitizeFeedback
+    nb = nbformat.read(mini.autograded / "cat" / "mini" / "mini.ipynb", as_version=4)
+    assert "HIDDEN_SENTINEL" in nbformat.writes(nb)  # the instructor's copy has them
+    nb, _ = SanitizeFeedback().preprocess(nb, {})
+    text = nbformat.writes(nb)
+    assert "HIDDEN_SENTINEL" not in text and "BEGIN HIDDEN TESTS" not in text
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert errors and all(len(o.traceback) == 1 for o in errors)
+
+
+@needs_sandbox
 def test_regrading_is_idempotent_and_keeps_manual_grades(mini):
     from nbgrader.api import Gradebook
     with Gradebook(mini.db_url) as gb:
