@@ -8,7 +8,6 @@ autograded notebooks and returns a JSON result; the coordinator alone records gr
 """
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from .execute import RunReport, run_notebook
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     write_kernelspec
 from .scan import names_bound, scan_cell
-from .submission import Unreadable, grade_id, is_answer, is_test, load, merge, nbgrader_meta
+from .submission import Unreadable, grade_id, is_test, load, merge, nbgrader_meta
 
 
 @dataclass
@@ -166,7 +165,6 @@ def apply_results(nb: nbformat.NotebookNode, report: RunReport, tests: list[dict
     for t in tests:
         i, cell = index[t["grade_id"]]
         if t["kind"] == "manual":
-            nbg = nbgrader_meta(cell)
             blank = cell.source.strip() in ("", "YOUR ANSWER HERE")
             t["needs_manual_grade"] = not blank
             t["message"] = ("no answer written" if blank else "awaiting manual grading")

@@ -55,6 +55,19 @@ def test_case_outcome(graded, case):
     assert r["max_score"] == 4, why  # the release's points, whatever the submission claims
 
 
+def test_gradebook_holds_each_result_and_nothing_else(graded):
+    from nbgrader.api import Gradebook
+    course, results = graded
+    with Gradebook(course.db_url) as gb:
+        subs = {s.student.id: s for s in gb.find_assignment("mini").submissions}
+        assert set(subs) == set(CASES)
+        for name, sub in subs.items():
+            auto = sum(g.auto_score or 0 for nb in sub.notebooks for g in nb.grades)
+            assert auto == results[name]["score"], name
+            flagged = any(nb.flagged for nb in sub.notebooks)
+            assert flagged == (results[name]["status"] == "flagged"), name
+
+
 def test_every_case_has_a_row_in_the_export(graded):
     course, _ = graded
     rows = list(csv.DictReader(open(course.work / "grades.csv")))
