@@ -7,6 +7,8 @@ keeps every grade recorded so far. The gradebook is backed up before every run.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -67,16 +69,32 @@ def autograde(course: Course, assignment: str, *, students: list[str] | None = N
     students = students if students is not None else submitted_students(course, assignment)
     if not students:
         raise CourseError(f"no submissions collected for {assignment} in {course.submitted}")
-    if record:
-        ensure_in_gradebook(course, assignment)
-        backup_gradebook(course)
     workers = max(1, workers or os.cpu_count() or 1)
     jobs = [Job(root=str(course.root), assignment=assignment, student=s,
                 unsafe=unsafe, cell_timeout=cell_timeout, total_timeout=total_timeout,
                 **({"limits": limits} if limits else {})) for s in students]
-    results = run_jobs(jobs, workers, progress=progress,
-                       on_result=(lambda r: record_result(course, r)) if record else None)
-    return results
+    with coordinator_lock(course):
+        if record:
+            ensure_in_gradebook(course, assignment)
+            backup_gradebook(course)
+        return run_jobs(jobs, workers, progress=progress,
+                        on_result=(lambda r: record_result(course, r)) if record else None)
+
+
+@contextlib.contextmanager
+def coordinator_lock(course: Course):
+    """One autograde per course at a time: a second would be a second gradebook writer."""
+    course.work.mkdir(parents=True, exist_ok=True)
+    with open(course.work / ".autograde.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CourseError("another autograde is running on this course; wait for it "
+                              "to finish (grading/.autograde.lock)") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run_jobs(jobs: list[Job], workers: int, *, progress: bool = True,

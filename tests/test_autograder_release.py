@@ -145,3 +145,32 @@ def test_merge_restores_deleted_tests_and_keeps_answers(tmp_path):
     ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in merged.nb.cells]
     assert ids.index("answer_double") < ids.index("test_double")
     assert "restored deleted cells: test_double" in merged.notes
+
+
+# collect ------------------------------------------------------------------------------------
+
+def test_collect_from_a_wrapped_folder_skips_links_and_bad_ids(tmp_path):
+    import shutil
+    from autograder.collect import collect
+    course = Course(tmp_path / "course")
+    shutil.copytree(MINI.parent, course.source / "mini")
+    export = tmp_path / "export" / "lms-2026"
+    (export / "ann" / "mini").mkdir(parents=True)
+    (export / "ann" / "mini" / "mini.ipynb").write_text("{}")
+    (export / "ann" / "mini" / "secret.ipynb").symlink_to("/etc/hostname")
+    (export / "bad id" / "mini").mkdir(parents=True)
+    (export / "bad id" / "mini" / "mini.ipynb").write_text("{}")
+    students, warnings = collect(course, "mini", tmp_path / "export")
+    assert students == ["ann"]
+    assert any("bad id" in w for w in warnings)
+    assert sorted(p.name for p in (course.submitted / "ann" / "mini").iterdir()) == ["mini.ipynb"]
+
+
+def test_second_coordinator_is_refused(tmp_path):
+    from autograder.course import CourseError
+    from autograder.grade import coordinator_lock
+    course = Course(tmp_path)
+    with coordinator_lock(course):
+        with pytest.raises(CourseError, match="another autograde"):
+            with coordinator_lock(course):
+                pass
