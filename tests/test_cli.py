@@ -36,10 +36,12 @@ def test_negative_temperature_is_rejected(capsys: pytest.CaptureFixture[str]) ->
 def test_generate_drafts_a_reply_for_a_ticket(capsys: pytest.CaptureFixture[str]) -> None:
     from tinyserve.corpus import generate_tickets, prompt_for
     ticket = generate_tickets(1, seed=987)[0]
-    code, out, _ = _run(capsys, "generate", "--prompt", prompt_for(ticket), "--max-tokens", "60")
+    code, out, _ = _run(capsys, "generate", "--prompt", prompt_for(ticket), "--max-tokens", "80")
     assert code == 0
-    # A trained model greets the customer by name, as every reply in the corpus does.
-    assert ticket.customer in out[:80], out[:200]
+    # A trained model writes a reply in the corpus's shape and cites the policy that governs
+    # the ticket's category (the triage line in the prompt names the category).
+    assert out.startswith("Hi "), out[:200]
+    assert f"Policy {ticket.policy_id}" in out, out[:400]
 
 
 def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str]) -> None:

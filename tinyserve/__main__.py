@@ -96,6 +96,10 @@ def _cmd_model_card(args: argparse.Namespace) -> int:
     from .model_card import model_card
     card = model_card()
     print(card["markdown"])
+    if args.update_readme:
+        from .model_card import update_readme
+        update_readme(Path(args.update_readme), card["markdown"])
+        print(f"updated the model card in {args.update_readme}")
     if args.json:
         Path(args.json).write_text(json.dumps(card["figures"], indent=2) + "\n")
     return 0
@@ -142,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("model-card", help="recompute the model card's figures")
     c.add_argument("--json", help="also write the figures as JSON to this path")
+    c.add_argument("--update-readme", metavar="README",
+                   help="rewrite the card between the model-card markers of this file")
     c.set_defaults(func=_cmd_model_card)
     return parser
 

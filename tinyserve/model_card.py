@@ -7,6 +7,8 @@ time from each model's training report (a time cannot be recomputed without retr
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,3 +87,24 @@ def model_card(n_name_checks: int = 50) -> dict[str, Any]:
     lines.append(f"\nValidation: {figures['val_tokens']:,} held-out tokens; the draft costs "
                  f"{figures['flops_ratio_target_over_draft']}x fewer FLOPs per token.")
     return {"figures": figures, "markdown": "\n".join(lines)}
+
+
+BEGIN, END = "<!-- model-card:begin -->", "<!-- model-card:end -->"
+
+
+def card_in_readme(readme: Path) -> str:
+    """The model card currently written between the markers of ``readme``."""
+    text = readme.read_text()
+    match = re.search(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), text, re.S)
+    if match is None:
+        raise ValueError(f"{readme} has no {BEGIN} ... {END} section")
+    return match.group(1).strip()
+
+
+def update_readme(readme: Path, markdown: str) -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{readme} has no {BEGIN} ... {END} section")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{markdown.strip()}\n{END}{tail}")
