@@ -6,6 +6,7 @@ full self-check score is necessary but not sufficient for full marks.
 """
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from .execute import run_notebook
@@ -30,7 +31,7 @@ def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 
         return 2
     km = AsyncKernelManager(kernel_name="python3")
     report = run_notebook(nb, km, cwd=str(path.parent), cell_timeout=cell_timeout,
-                          total_timeout=total_timeout)
+                          total_timeout=total_timeout, kernel_output=subprocess.DEVNULL)
     apply_results(nb, report, tests)
     write(f"Self-check of {path.name} (visible tests only; hidden tests run at grading)")
     for note in notes + report.events:
