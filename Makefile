@@ -67,7 +67,7 @@ train: $(VENV)/.stamp-base
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
-# ---- Grading workflow (instructor guide: docs/grading.md) --------------------------------
+# ---- Grading workflow (instructor guide: README.md) --------------------------------
 # make release                         regenerate exercises/ from solutions/ (commit the result)
 # make collect A=harbor_capacity FROM=path/to/export.zip
 # make autograde A=harbor_capacity [WORKERS=4] [UNSAFE=1]
