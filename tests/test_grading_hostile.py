@@ -15,13 +15,13 @@ import pytest
 from autograder.course import Course, hidden_test_lines, release
 from autograder.grade import autograde
 from autograder.report import export, feedback
-from autograder.sandbox import sandbox_available
+from conftest import sandbox_skip_reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.name for p in (FIXTURES / "hostile").iterdir() if (p / "expected.json").exists())
 
-pytestmark = pytest.mark.skipif(not sandbox_available()[0],
-                                reason=f"needs the bubblewrap sandbox: {sandbox_available()[1]}")
+pytestmark = pytest.mark.skipif(sandbox_skip_reason() is not None,
+                                reason=str(sandbox_skip_reason()))
 
 
 @pytest.fixture(scope="module")

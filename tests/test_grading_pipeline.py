@@ -20,11 +20,12 @@ from autograder.course import Course, CourseError, hidden_test_lines, release
 from autograder.grade import autograde
 from autograder.report import export, feedback
 from autograder.sandbox import sandbox_available
+from conftest import sandbox_skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
-needs_sandbox = pytest.mark.skipif(not sandbox_available()[0],
-                                   reason=f"needs bubblewrap: {sandbox_available()[1]}")
+needs_sandbox = pytest.mark.skipif(sandbox_skip_reason() is not None,
+                                   reason=str(sandbox_skip_reason()))
 
 
 def cli(*args: str, root: Path | None = None) -> subprocess.CompletedProcess:
@@ -167,10 +168,9 @@ HARBOR = FIXTURES / "harbor" / "expected.json"
 
 @pytest.fixture(scope="module")
 def harbor(tmp_path_factory):
-    if not (ROOT / "solutions" / "harbor_capacity").is_dir() or not HARBOR.exists():
-        pytest.skip("the Harbor assignment is not in this checkout")
-    if not sandbox_available()[0]:
-        pytest.skip("needs bubblewrap")
+    assert (ROOT / "solutions" / "harbor_capacity").is_dir() and HARBOR.exists()
+    if sandbox_skip_reason() is not None:
+        pytest.skip(str(sandbox_skip_reason()))
     expected = json.loads(HARBOR.read_text())
     root = tmp_path_factory.mktemp("harbor_course")
     shutil.copytree(ROOT / "solutions" / "harbor_capacity", root / "solutions" / "harbor_capacity")
