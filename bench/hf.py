@@ -115,7 +115,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     print(f"greedy, {prompt_len}-token prompts, {n_new} new tokens ({name}, {device}, fp32, "
           f"median of {repeats}, transformers {transformers.__version__})")
     print(table(["batch", "ours s", "generate() s", "ours tok/s", "generate() tok/s",
-                 "generate()/ours"], rows))
+                 "generate()/ours"], rows), flush=True)
 
     # Roofline at batch 1: bytes one decode step must read vs the time it takes.
     bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)

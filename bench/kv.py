@@ -12,7 +12,8 @@ Two views of the same effect:
 
 Conditions: fp32 on the default device (CPU unless CUDA is present), greedy, no stop token,
 medians of a few repeats. Also measured: prefill time against prompt length and decode time
-against output length (the phase-cost plot, written next to the JSON). ``--quick`` runs the same code on a tiny random model with a
+against output length (read off the 512 run's token timestamps), for the phase-cost plot
+written next to the JSON. ``--quick`` runs the same code on a tiny random model with a
 64-token window, to check the report's shape in seconds; its figures mean nothing.
 """
 from __future__ import annotations
@@ -72,57 +73,62 @@ def step_costs(model: TinyLlama, positions: list[int], repeats: int) -> list[dic
     return rows
 
 
-def generation_speedup(model: TinyLlama, n_tokens: int, repeats: int) -> dict[str, Any]:
-    """Generate from a one-token prompt until n_tokens positions are used (or the window)."""
+def generation_speedup(model: TinyLlama, n_tokens: int, repeats: int,
+                       checkpoints: list[int]) -> dict[str, Any]:
+    """Generate from a one-token prompt until n_tokens positions are used (or the window).
+
+    The traces also give the decode curve for free: the decode time of the first n output
+    tokens is ``token_times[n - 1] - token_times[0]``, read at each of ``checkpoints``.
+    """
     prompt = [model.config.bos_token_id]
     generated = min(n_tokens, model.config.max_position_embeddings - len(prompt))
     device = model.device
-    runs = {}
-    tokens = {}
+    runs, tokens, traces = {}, {}, {True: [], False: []}  # type: ignore[var-annotated]
     for use_cache in (True, False):
         def once() -> None:
-            tokens[use_cache] = generate(model, prompt, generated, use_cache=use_cache).tokens
+            trace = generate(model, prompt, generated, use_cache=use_cache)
+            tokens[use_cache] = trace.tokens
+            traces[use_cache].append(trace)
         # The uncached long runs take seconds each: no warm-up needed to amortise start-up.
         runs[use_cache] = median_seconds(once, device, repeats, warmup=1 if use_cache else 0)
+        print(f"  {generated} tokens, {'cached' if use_cache else 'uncached'}: "
+              f"{runs[use_cache]:.3f} s", flush=True)
     if tokens[True] != tokens[False]:
         raise RuntimeError("cached and uncached greedy tokens differ; the cache is wrong")
+    decode_ms = {}
+    for use_cache, key in ((True, "cached"), (False, "uncached")):
+        points = []
+        for n in [c for c in checkpoints if c <= generated] + [generated]:
+            ms = sorted(1e3 * (t.token_times[n - 1] - t.token_times[0])
+                        for t in traces[use_cache][-repeats:])
+            points.append([n, ms[len(ms) // 2]])
+        decode_ms[key] = points
     return {"target_positions": n_tokens, "prompt_tokens": len(prompt), "generated": generated,
             "cached_s": runs[True], "uncached_s": runs[False],
-            "speedup": runs[False] / runs[True]}
+            "speedup": runs[False] / runs[True], "decode_ms_by_output_tokens": decode_ms}
 
 
-def phase_costs(model: TinyLlama, prompt_lengths: list[int], output_lengths: list[int],
-                repeats: int) -> dict[str, list[list[float]]]:
-    """Prefill milliseconds against prompt length, and decode milliseconds (E2E - TTFT)
-    against output length with and without the cache: the data of the phase-cost plot."""
+def prefill_costs(model: TinyLlama, prompt_lengths: list[int], repeats: int) -> list[list[float]]:
+    """[prompt tokens, prefill milliseconds] for each length (one pass, cache written)."""
     device, vocab = model.device, model.config.vocab_size
     g = torch.Generator().manual_seed(1)
-    out: dict[str, list[list[float]]] = {"prefill": [], "decode_cached": [], "decode_uncached": []}
+    out = []
     for n in prompt_lengths:
         ids = torch.randint(0, vocab, (1, n), generator=g).to(device)
 
         def once() -> None:
             prefill(model, ids, KVCache.for_model(model, 1, n))
-        out["prefill"].append([n, 1e3 * median_seconds(once, device, repeats)])
-    prompt = torch.randint(0, vocab, (16,), generator=g).tolist()
-    for n in output_lengths:
-        for use_cache in (True, False):
-            decode_ms = []
-            for _ in range(repeats):
-                t = generate(model, prompt, n, use_cache=use_cache)
-                decode_ms.append(1e3 * (t.finish - t.token_times[0]))  # type: ignore[operator]
-            key = "decode_cached" if use_cache else "decode_uncached"
-            out[key].append([n, sorted(decode_ms)[len(decode_ms) // 2]])
+        out.append([n, 1e3 * median_seconds(once, device, repeats)])
     return out
 
 
-def _save_plot(costs: dict[str, list[list[float]]], path: Path) -> None:
+def _save_plot(costs: dict[str, Any], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     from tinyserve.plots import phase_costs as draw
     fig = draw({"prefill (same with or without cache)": [tuple(p) for p in costs["prefill"]]},
-               {"KV cache": [tuple(p) for p in costs["decode_cached"]],
-                "no cache": [tuple(p) for p in costs["decode_uncached"]]})
+               {"KV cache": [tuple(p) for p in costs["decode"]["cached"]],
+                "no cache": [tuple(p) for p in costs["decode"]["uncached"]]})
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
 
@@ -133,27 +139,31 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     window = model.config.max_position_embeddings
     if quick:
         positions, lengths, repeats, gen_repeats = [1, 16, 63], {"256": 16, "512": 64}, 3, 1
-        prompt_lengths, output_lengths = [4, 32], [4, 16]
+        prompt_lengths, checkpoints = [4, 32], [4, 16]
     else:
         positions = [1, 64, 128, 256, 384, 511]
-        lengths, repeats, gen_repeats = {"256": 256, "512": 512}, 7, 3
-        prompt_lengths, output_lengths = [16, 64, 128, 256, 496], [16, 64, 128, 256]
+        lengths, repeats, gen_repeats = {"256": 256, "512": 512}, 5, 3
+        prompt_lengths, checkpoints = [16, 64, 128, 256, 496], [16, 64, 128, 256, 384]
+    print(f"bench kv: {name} on {device}, fp32, batch 1, greedy", flush=True)
     steps = step_costs(model, positions, repeats)
-    print(f"decode step cost by position ({name}, {device}, fp32, batch 1, median of {repeats})")
+    print(f"decode step cost by position (median of {repeats})")
     print(table(["position", "cached ms", "uncached ms", "uncached/cached"],
                 [[r["position"], r["cached_ms"], r["uncached_ms"],
-                  r["uncached_ms"] / r["cached_ms"]] for r in steps]))
-    gens = {key: generation_speedup(model, n, gen_repeats) for key, n in lengths.items()}
+                  r["uncached_ms"] / r["cached_ms"]] for r in steps]), flush=True)
+    gens = {key: generation_speedup(model, n, gen_repeats, checkpoints)
+            for key, n in lengths.items()}
     print(f"\nwhole generation from a 1-token prompt (median of {gen_repeats}; window {window})")
     print(table(["positions", "generated", "cached s", "uncached s", "speed-up"],
                 [[g["target_positions"], g["generated"], g["cached_s"], g["uncached_s"],
-                  g["speedup"]] for g in gens.values()]))
-    costs = phase_costs(model, prompt_lengths, output_lengths, gen_repeats)
-    print("\nphase costs: prefill ms by prompt length; decode ms (E2E - TTFT) by output length")
+                  g["speedup"]] for g in gens.values()]), flush=True)
+    decode = gens["512"].pop("decode_ms_by_output_tokens")
+    gens["256"].pop("decode_ms_by_output_tokens")
+    costs = {"prefill": prefill_costs(model, prompt_lengths, repeats), "decode": decode}
+    print("\nphase costs: prefill ms by prompt length; decode ms (first token to n-th) by "
+          "output length")
     print(table(["prompt tokens", "prefill ms"], costs["prefill"]))
     print(table(["output tokens", "decode ms, cache", "decode ms, no cache"],
-                [[c[0], c[1], u[1]] for c, u in zip(costs["decode_cached"],
-                                                    costs["decode_uncached"])]))
+                [[c[0], c[1], u[1]] for c, u in zip(decode["cached"], decode["uncached"])]))
     data = report(
         "kv",
         ratios={f"cache_speedup_{key}": g["speedup"] for key, g in gens.items()},
