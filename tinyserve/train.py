@@ -40,13 +40,16 @@ class TrainConfig:
     eval_every: int = 100
     eval_tokens: int = 65_536
     seed: int = 0
+    # bf16 autocast for the forward pass (fp32 master weights and optimizer state): about
+    # 1.75x faster per step on CPUs with AVX512-BF16/AMX, which the training budget assumes.
+    bf16_autocast: bool = True
 
 
 # Step counts chosen so each preset trains in under ~10 minutes on 2 CPU cores. Small
 # batches and many steps: the skill that makes replies right (copying the customer's name
 # and the ticket's details from the prompt) appears after enough optimizer *updates*.
 TRAIN_PRESETS: dict[str, TrainConfig] = {
-    "target": TrainConfig(steps=1000),
+    "target": TrainConfig(steps=1800),
     "draft": TrainConfig(steps=2000, lr=4e-3),
 }
 
@@ -107,6 +110,14 @@ def greedy_agreement(target: TinyLlama, draft: TinyLlama, windows: torch.Tensor,
     return same / count
 
 
+def bf16_is_fast() -> bool:
+    """Whether this CPU has native bf16 matmuls (oneDNN); elsewhere autocast would be slower."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def _git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
@@ -147,6 +158,7 @@ def train(preset: str, *, steps: int | None = None, save: bool = True,
     gen = torch.Generator().manual_seed(tcfg.seed)
     history: dict[str, list[float]] = {"step": [], "loss": [], "val_step": [], "val_loss": []}
 
+    use_bf16 = tcfg.bf16_autocast and bf16_is_fast()
     start = time.perf_counter()
     bar = tqdm(range(tcfg.steps), desc=f"train {preset}", unit="step")
     for step in bar:
@@ -156,8 +168,9 @@ def train(preset: str, *, steps: int | None = None, save: bool = True,
         batch = torch.stack([train_ids[s: s + tcfg.seq_len + 1] for s in starts.tolist()])
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tcfg)
-        logits = model(batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
@@ -180,6 +193,7 @@ def train(preset: str, *, steps: int | None = None, save: bool = True,
         "final_train_loss": round(history["loss"][-1], 4),
         "val_loss": round(history["val_loss"][-1], 4),
         "val_tokens": int(val_windows[:, 1:].numel()),
+        "bf16_autocast": use_bf16,
         "machine": machine_info(), "git_commit": _git_commit(),
     }
     plot_path = plot_path or (model_dir(preset) / "loss.png")
