@@ -149,14 +149,18 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
             argv.extend(["--symlink", target, f"/{link}"])
         elif os.path.isdir(f"/{link}"):
             argv.extend(["--ro-bind", f"/{link}", f"/{link}"])
+    # The private /tmp goes first: bwrap applies mounts in order, so a tmpfs mounted after
+    # the read-only binds would hide any of them that live under /tmp (a checkout or venv in
+    # /tmp, as CI and pytest's tmp_path have).
+    size = str(spec.limits.scratch_mb * 2**20)
+    argv.extend(["--proc", "/proc", "--dev", "/dev",
+                 "--size", size, "--perms", "1777", "--tmpfs", "/tmp"])
+    dirs.add("/tmp")
     for root in readonly_roots():
         ensure_parents(root)
         argv.extend(["--ro-bind", root, root])
     for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
         argv.extend(["--ro-bind-try", etc, etc])
-    size = str(spec.limits.scratch_mb * 2**20)
-    argv.extend(["--proc", "/proc", "--dev", "/dev",
-                 "--size", size, "--perms", "1777", "--tmpfs", "/tmp"])
     ensure_parents(spec.run_dir)
     # The run folder is root's: the sandbox user can write only in ipc/ (until the kernel
     # has started, see lock_ipc) and in home, a size-capped tmpfs, so it cannot fill a disk.
