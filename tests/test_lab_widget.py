@@ -1,0 +1,98 @@
+"""The predict-first lab: no answer before a committed guess, the right answer after."""
+from __future__ import annotations
+
+import pytest
+
+from tinyserve.lab import KVCacheLab, KVCase
+
+DEFAULT_BYTES = 2 * 80 * 4096 * 8 * 128 * 2  # the lab's default case: 1,342,177,280 bytes
+
+
+def test_default_case_is_the_80_layer_fp16_4k_case() -> None:
+    case = KVCacheLab().case
+    assert (case.layers, case.kv_heads, case.head_dim, case.dtype, case.tokens,
+            case.concurrency) == (80, 8, 128, "fp16", 4096, 1)
+    assert case.total_bytes == DEFAULT_BYTES == 1_342_177_280
+
+
+def test_answer_hidden_until_a_guess_is_committed() -> None:
+    lab = KVCacheLab()
+    for text in (lab.revealed_text(),):
+        assert "1,342,177,280" not in text and "1.25" not in text and "1.342" not in text
+    assert not lab.commit()                       # no guess yet: refused
+    assert lab.revealed_text() == KVCacheLab.HIDDEN
+    assert "guess" in lab.message.lower()
+    lab.set_guess("1")
+    assert lab.revealed_text() == KVCacheLab.HIDDEN  # typed but not committed
+    assert lab.commit()
+    text = lab.revealed_text()
+    assert "1,342,177,280 bytes" in text
+    assert "1.342 GB" in text and "1.250 GiB" in text
+    assert "2 x 80 x 4,096 x 8 x 128 x 2" in text
+    assert "within 1.5x" in text
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "-3", "0", "nan"])
+def test_a_bad_guess_cannot_be_committed(bad: str) -> None:
+    lab = KVCacheLab()
+    lab.set_guess(bad)
+    assert not lab.commit()
+    assert lab.revealed_text() == KVCacheLab.HIDDEN
+    assert lab.message  # says what to type
+
+
+def test_verdict_names_the_factor() -> None:
+    lab = KVCacheLab()
+    lab.set_guess(134.2)            # 100x too high
+    lab.commit()
+    assert "100.0x too high" in lab.revealed_text()
+    assert "more than 10x" in lab.revealed_text()
+
+
+def test_changing_the_case_hides_the_answer_and_locks_the_old_guess() -> None:
+    lab = KVCacheLab()
+    lab.set_guess(1)
+    lab.commit()
+    lab.set_guess(1.342)            # editing a committed guess is refused
+    assert lab.guess_gb == 1
+    lab.set_case(kv_heads=2)
+    assert lab.revealed_text() == KVCacheLab.HIDDEN and lab.guess_gb is None
+    lab.set_guess(0.3)
+    lab.commit()
+    assert f"{DEFAULT_BYTES // 4:,} bytes" in lab.revealed_text()   # 8 -> 2 KV heads: a quarter
+
+
+def test_worked_example_and_concurrency() -> None:
+    assert KVCase(layers=32, tokens=8192).total_bytes == 2**30
+    lab = KVCacheLab(layers=32, tokens=8192, concurrency=16)
+    lab.set_guess(16)
+    lab.commit()
+    text = lab.revealed_text()
+    assert "17,179,869,184 bytes" in text and "16.000 GiB" in text and "17.180 GB" in text
+    with pytest.raises(ValueError, match="kv_heads"):
+        KVCase(kv_heads=0)
+    with pytest.raises(ValueError, match="dtype"):
+        KVCase(dtype="fp12")
+
+
+def test_the_widgets_drive_the_same_logic() -> None:
+    pytest.importorskip("ipywidgets")
+    lab = KVCacheLab()
+    box = lab.ui()
+    controls = lab._ui
+    assert "1,342,177,280" not in controls.answer.value
+    controls.commit_button.click()                 # nothing typed: refused
+    assert not lab.committed and "1,342,177,280" not in controls.answer.value
+    controls.guess.value = "2"
+    assert "1,342,177,280" not in controls.answer.value
+    controls.commit_button.click()
+    assert lab.committed and "1,342,177,280 bytes" in controls.answer.value
+    assert controls.guess.disabled
+    controls.inputs["tokens"].value = 8192         # a new case: hidden again, guess cleared
+    assert not lab.committed and controls.guess.value == "" and not controls.guess.disabled
+    assert "1,342,177,280" not in controls.answer.value
+    assert "changed" in controls.status.value
+    controls.guess.value = "3"
+    controls.commit_button.click()
+    assert "2,684,354,560 bytes" in controls.answer.value
+    assert box.children  # the box a notebook displays

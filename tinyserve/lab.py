@@ -1,0 +1,214 @@
+"""The predict-first KV-cache lab: guess the memory, commit, and only then see the answer.
+
+A guess made after the answer is on screen teaches nothing, so the calculator hides its
+result until the learner has typed a guess (in GB) and pressed *Commit*. Changing any input
+afterwards hides the answer again: a new case deserves a new prediction.
+
+The logic lives in :class:`KVCacheLab`, a plain class with no widgets in it, so a test (or a
+reader without a browser) can drive it: ``set_guess``, ``commit``, ``revealed_text``.
+:meth:`KVCacheLab.ui` wraps the same object in ipywidgets for JupyterLab.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .capacity import GB, GiB, kv_bytes_per_sequence
+
+# Bytes of one cached number, by the name a model card uses.
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class KVCase:
+    """One sizing question: KV memory for ``concurrency`` sequences of ``tokens`` each."""
+    layers: int = 80
+    kv_heads: int = 8
+    head_dim: int = 128
+    dtype: str = "fp16"
+    tokens: int = 4096
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "kv_heads", "head_dim", "tokens", "concurrency"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+
+    @property
+    def bytes_per_element(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def bytes_per_sequence(self) -> int:
+        return kv_bytes_per_sequence(self.layers, self.tokens, self.kv_heads, self.head_dim,
+                                     self.dtype)
+
+    @property
+    def total_bytes(self) -> int:
+        # Contiguous caches share nothing, so concurrency multiplies (no prefix sharing).
+        return self.concurrency * self.bytes_per_sequence
+
+
+class KVCacheLab:
+    """The calculator's state: a case, a guess, and whether the guess has been committed."""
+
+    HIDDEN = "Answer hidden: type your guess in GB and press Commit."
+
+    def __init__(self, **case: Any) -> None:
+        self.case = KVCase(**case)
+        self.guess_gb: float | None = None
+        self.committed = False
+        self.message = ""          # feedback on the last action (bad guess, case changed)
+        self._ui: Any = None
+
+    # --- actions -------------------------------------------------------------------------
+    def set_case(self, **changes: Any) -> None:
+        """Change inputs; a changed case hides the answer until a new guess is committed."""
+        new = replace(self.case, **changes)
+        if new != self.case:
+            self.case = new
+            if self.committed:
+                self.committed = False
+                self.guess_gb = None
+                self.message = "The case changed: predict again, then commit."
+
+    def set_guess(self, guess: float | str | None) -> None:
+        """Record a guess in GB (a number or text such as "1.5" or "2e-1"); not yet committed.
+
+        A committed guess is locked: editing it after seeing the answer would defeat the
+        point. Change an input to get a fresh case and a fresh guess."""
+        if self.committed:
+            self.message = "Your guess is committed; change an input to predict a new case."
+            return
+        if isinstance(guess, str):
+            guess = guess.strip().replace(",", "") or None
+        try:
+            value = None if guess is None else float(guess)
+        except ValueError:
+            self.guess_gb = None
+            self.message = f"{guess!r} is not a number; type a size in GB such as 0.5 or 20."
+            return
+        if value is not None and not (math.isfinite(value) and value > 0):
+            self.guess_gb = None
+            self.message = f"a guess must be a positive size in GB, got {guess!r}."
+            return
+        self.guess_gb = value
+        self.message = ""
+
+    def commit(self) -> bool:
+        """Lock in the guess and reveal the answer; refused (False) while there is no guess."""
+        if self.guess_gb is None:
+            self.message = self.message or "Type a guess in GB first; then commit."
+            return False
+        self.committed = True
+        self.message = ""
+        return True
+
+    # --- what the learner sees -----------------------------------------------------------
+    def revealed_text(self) -> str:
+        """The answer, the formula and a verdict on the guess; only a hint before commit."""
+        if not self.committed:
+            return self.HIDDEN
+        c, total = self.case, self.case.total_bytes
+        lines = [
+            "KV bytes = 2 (K and V) x layers x tokens x KV heads x head dim x bytes/element"
+            + (" x concurrency" if c.concurrency > 1 else ""),
+            f"         = 2 x {c.layers} x {c.tokens:,} x {c.kv_heads} x {c.head_dim} x "
+            f"{c.bytes_per_element}" + (f" x {c.concurrency}" if c.concurrency > 1 else ""),
+            f"         = {total:,} bytes",
+            f"         = {total / GB:,.3f} GB (10^9 bytes) = {total / GiB:,.3f} GiB (2^30 bytes)",
+        ]
+        if c.concurrency > 1:
+            per = c.bytes_per_sequence
+            lines.append(f"per sequence: {per:,} bytes = {per / GB:,.3f} GB = "
+                         f"{per / GiB:,.3f} GiB")
+        lines.append(self.verdict())
+        return "\n".join(lines)
+
+    def verdict(self) -> str:
+        """How far the committed guess was from the answer, as a factor."""
+        assert self.guess_gb is not None
+        answer_gb = self.case.total_bytes / GB
+        ratio = self.guess_gb / answer_gb
+        if 1 / 1.5 <= ratio <= 1.5:
+            return f"Your guess, {self.guess_gb:g} GB: within 1.5x of the answer. Well done."
+        word = "high" if ratio > 1 else "low"
+        factor = max(ratio, 1 / ratio)
+        scale = "same order of magnitude" if factor < 10 else "off by more than 10x"
+        return (f"Your guess, {self.guess_gb:g} GB: {factor:,.1f}x too {word} ({scale}). "
+                "Which factor of the formula did you misjudge?")
+
+    # --- ipywidgets front end ------------------------------------------------------------
+    def ui(self) -> Any:
+        """The calculator as ipywidgets (built once; every control calls the methods above)."""
+        if self._ui is None:
+            self._ui = _LabWidgets(self)
+        return self._ui.box
+
+
+class _LabWidgets:
+    """Controls bound to a :class:`KVCacheLab`; holds no state of its own."""
+
+    def __init__(self, lab: KVCacheLab) -> None:
+        import ipywidgets as w
+
+        self.lab = lab
+        c = lab.case
+        wide = {"style": {"description_width": "150px"}, "layout": w.Layout(width="420px")}
+        self.inputs = {
+            "layers": w.BoundedIntText(c.layers, min=1, max=1024, description="layers", **wide),
+            "kv_heads": w.BoundedIntText(c.kv_heads, min=1, max=1024, description="KV heads",
+                                         **wide),
+            "head_dim": w.BoundedIntText(c.head_dim, min=1, max=4096, description="head dim",
+                                         **wide),
+            "dtype": w.Dropdown(options=list(DTYPE_BYTES), value=c.dtype,
+                                description="element type", **wide),
+            "tokens": w.BoundedIntText(c.tokens, min=1, max=10**8, description="tokens cached",
+                                       **wide),
+            "concurrency": w.BoundedIntText(c.concurrency, min=1, max=10**6,
+                                            description="sequences at once", **wide),
+        }
+        self.guess = w.Text(placeholder="e.g. 0.5", description="your guess (GB)", **wide)
+        self.commit_button = w.Button(description="Commit guess", button_style="primary")
+        self.status = w.HTML()
+        self.answer = w.HTML()
+        for name, control in self.inputs.items():
+            control.observe(lambda change, name=name: self._on_input(name, change["new"]),
+                            names="value")
+        self.guess.observe(lambda change: self._on_guess(change["new"]), names="value")
+        self.commit_button.on_click(lambda _button: self._on_commit())
+        self.box = w.VBox([
+            w.HTML("<b>Predict first.</b> Roughly how many GB of KV cache does this case need? "
+                   "Type a guess, commit it, then see the answer."),
+            *self.inputs.values(), self.guess, self.commit_button, self.status, self.answer])
+        self.refresh()
+
+    def _on_input(self, name: str, value: Any) -> None:
+        self.lab.set_case(**{name: value})
+        self.refresh()
+
+    def _on_guess(self, text: str) -> None:
+        self.lab.set_guess(text)
+        self.refresh()
+
+    def _on_commit(self) -> None:
+        self.lab.commit()
+        self.refresh()
+
+    def refresh(self) -> None:
+        import html
+
+        lab = self.lab
+        if (self.guess.value and lab.guess_gb is None and not lab.committed
+                and lab.message.startswith("The case changed")):
+            message = lab.message
+            self.guess.value = ""  # the old guess belonged to the old case (re-enters refresh)
+            lab.message = message
+        self.guess.disabled = lab.committed
+        self.commit_button.disabled = lab.committed
+        self.status.value = f"<i>{html.escape(lab.message)}</i>" if lab.message else ""
+        self.answer.value = f"<pre>{html.escape(lab.revealed_text())}</pre>"
