@@ -20,6 +20,6 @@ def test_a_short_run_is_reproducible_and_reports_its_figures(tmp_path: Path) -> 
     b = train("draft", steps=2, save=False, plot_path=tmp_path / "b.png")
     assert a["final_train_loss"] == b["final_train_loss"]
     assert a["val_loss"] == b["val_loss"]
-    assert a["parameters"] > 0 and a["train_tokens_seen"] == 2 * 8 * 512
+    assert a["parameters"] > 0 and a["train_tokens_seen"] == 2 * 4 * 512
     assert (tmp_path / "a.png").stat().st_size > 1000
     assert TRAIN_PRESETS["target"].seed == TRAIN_PRESETS["draft"].seed == 0
