@@ -3,11 +3,33 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
+if TYPE_CHECKING:
+    from tinyserve.config import ModelConfig
+    from tinyserve.model import TinyLlama
+
 torch.set_num_threads(2)
+
+
+def sharp_model(cfg: "ModelConfig", seed: int) -> "TinyLlama":
+    """A seeded random model with weights scaled up 3x, so its logits are far from uniform
+    and greedy decoding has no near-ties that float noise could flip."""
+    from tinyserve.model import TinyLlama
+    torch.manual_seed(seed)
+    model = TinyLlama(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)
+    return model
+
+
+def random_prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (n,), generator=g).tolist()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -10,6 +10,8 @@ from tinyserve.generate import (PromptError, generate, generate_batch, generate_
                                 generate_stream)
 from tinyserve.metrics import RequestTrace
 from tinyserve.model import TinyLlama
+
+from conftest import random_prompt, sharp_model
 from tinyserve.sampling import SamplingParams
 
 SMALL = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -18,16 +20,11 @@ SMALL = ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hid
 
 @pytest.fixture(scope="module")
 def model() -> TinyLlama:
-    torch.manual_seed(1)
-    m = TinyLlama(SMALL).eval()
-    with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(3)
-    return m
+    return sharp_model(SMALL, seed=1)
 
 
 def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, SMALL.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    return random_prompt(SMALL.vocab_size, n, seed)
 
 
 @pytest.mark.parametrize("use_cache", [True, False])

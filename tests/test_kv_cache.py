@@ -10,6 +10,8 @@ from tinyserve.generate import decode_step, generate_ids, generate_stream, prefi
 from tinyserve.kv_cache import CacheFullError, KVCache
 from tinyserve.model import TinyLlama
 
+from conftest import random_prompt, sharp_model
+
 # GQA 4:2 so a cache sized by query heads would have the wrong shape; a short window so the
 # "fills the window exactly" case is cheap.
 SMALL = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -18,17 +20,11 @@ SMALL = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hid
 
 @pytest.fixture(scope="module")
 def model() -> TinyLlama:
-    torch.manual_seed(0)
-    m = TinyLlama(SMALL).eval()
-    with torch.no_grad():  # larger weights than the init, so logits are far from uniform
-        for p in m.parameters():
-            p.mul_(3)
-    return m
+    return sharp_model(SMALL, seed=0)
 
 
 def _prompt(n: int, seed: int = 0) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, SMALL.vocab_size, (n,), generator=g).tolist()
+    return random_prompt(SMALL.vocab_size, n, seed)
 
 
 def test_cache_is_sized_by_kv_heads_and_follows_the_model() -> None:
