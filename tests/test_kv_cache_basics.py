@@ -1,0 +1,242 @@
+"""The KV cache basics exercises (chapters 0-2): a valid nbgrader source whose solution passes
+every visible and hidden test, a blank release that earns nothing, and messages that name the
+classic mistakes.
+
+Kernel runs take about 4 s each on 2 cores (torch and the target's config load in the first
+cells). The notebook helpers come from the Harbor worksheet's tests; the sandboxed end-to-end
+run reuses the pipeline's skip rule.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from test_grading_pipeline import needs_sandbox
+from test_harbor_worksheet import MARKERS, _errors, _execute, _is_test, _meta
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "kv_cache_basics"
+SOURCE_DIR = ROOT / "solutions" / NAME
+SOURCE = SOURCE_DIR / f"{NAME}.ipynb"
+RELEASED = ROOT / "exercises" / NAME / f"{NAME}.ipynb"
+
+TEST_POINTS = {"test_kv_bytes": 2, "test_target_kv": 2, "test_ttft": 1, "test_itl": 2,
+               "test_tpot": 2, "test_attend_mha": 3, "test_attend_gqa": 2,
+               "test_choice_ttft": 1, "test_choice_decode": 1}
+MANUAL_POINTS = {"written_double_context": 3, "written_throughput_latency": 3}
+ANSWER_CELLS = {"kv_bytes", "target_kv", "latency", "attend", "choice_ttft", "choice_decode"}
+
+
+@pytest.fixture(scope="module")
+def source():
+    return nbformat.read(SOURCE, as_version=4)
+
+
+def _copy(nb):
+    return nbformat.from_dict(json.loads(json.dumps(nb)))
+
+
+def _with_source_tests(nb, source):
+    """Put the source's test cells (hidden tests included) back by grade_id, as autograde does."""
+    tests = {_meta(c)["grade_id"]: c.source for c in source.cells if _is_test(c)}
+    for cell in nb.cells:
+        if _is_test(cell):
+            cell.source = tests[_meta(cell)["grade_id"]]
+    return nb
+
+
+# ------------------------------------------------------------------ the source notebook
+
+def test_source_is_valid_nbgrader(source):
+    ids = [_meta(c)["grade_id"] for c in source.cells if _meta(c)]
+    assert len(ids) == len(set(ids)), "grade_ids must be unique"
+    for cell in source.cells:
+        assert cell.get("outputs", []) == [] and cell.get("execution_count") is None, \
+            "the source notebook is committed without outputs"
+        meta = _meta(cell)
+        if not meta:
+            continue
+        gid = meta["grade_id"]
+        assert meta["schema_version"] == 3 and re.fullmatch(r"[A-Za-z0-9_]+", gid), gid
+        if meta["grade"]:
+            assert meta.get("points", 0) > 0, f"{gid}: graded cells carry points"
+        if _is_test(cell):
+            assert cell.cell_type == "code" and meta["locked"], f"{gid}: test cells are locked code"
+            assert not re.search(r"^\s*assert\b", cell.source, re.M), \
+                f"{gid}: test cells use the testkit helpers, not bare assert"
+            # Tensors are compared only through the references captured in the locked first cell.
+            assert "torch.allclose" not in cell.source, gid
+        if meta["solution"] and cell.cell_type == "code":
+            assert cell.source.count("### BEGIN SOLUTION") == cell.source.count("### END SOLUTION") >= 1, gid
+        if "HIDDEN TESTS" in cell.source:
+            assert _is_test(cell), f"{gid}: hidden tests only inside test cells"
+        if meta["solution"] and meta["grade"]:
+            assert cell.cell_type == "markdown" and "Rubric" not in cell.source, gid
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert _meta(first)["locked"] and not _meta(first)["grade"]
+    assert "from autograder.testkit import check, check_close, check_equal" in first.source
+    assert "allclose as _allclose" in first.source
+    tests = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells if _is_test(c)}
+    manual = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells
+              if _meta(c).get("grade") and _meta(c).get("solution")}
+    assert tests == TEST_POINTS and manual == MANUAL_POINTS
+    answers = {_meta(c)["grade_id"] for c in source.cells
+               if _meta(c).get("solution") and not _meta(c).get("grade")}
+    assert answers == ANSWER_CELLS
+    # Every autograded part has hidden checks beyond the visible ones.
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells
+               if _is_test(c) and _meta(c)["grade_id"] != "test_target_kv")
+    # The intro's table states the same totals.
+    assert "(22 points)" in source.cells[0].source
+    assert sum(tests.values()) == 16 and sum(manual.values()) == 6
+
+
+def test_notebook_reads_the_shipped_target_config():
+    """The notebook reads config.json alone (the sandbox need not read the weights); it must be
+    the config load_model gives."""
+    import tinyserve
+    from tinyserve.checkpoint import model_dir
+    cfg = tinyserve.ModelConfig.load(model_dir("target") / "config.json")
+    assert cfg == tinyserve.load_model("target", device="cpu").config
+    assert (cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.num_attention_heads,
+            cfg.head_dim, cfg.max_position_embeddings) == (6, 2, 8, 32, 512)
+
+
+PROBE = """
+print("PROBE " + json.dumps({"target": TARGET_KV_BYTES, "ttft": ttft(ARRIVAL, TOKEN_TIMES),
+                             "tpot": tpot(ARRIVAL, TOKEN_TIMES),
+                             "itl": inter_token_latencies(TOKEN_TIMES)}))
+"""
+
+
+def test_solution_passes_every_visible_and_hidden_test(source):
+    nb = _copy(source)
+    nb.cells.append(nbformat.v4.new_code_cell("import json\n" + PROBE))
+    _execute(nb, SOURCE_DIR, allow_errors=False)  # any failing check raises
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    got = json.loads(text.split("PROBE ", 1)[1])
+    # 2 x 6 layers x 512 tokens x 2 KV heads x 32 x 4 bytes: the shipped target, full window.
+    assert got["target"] == 1_572_864
+    assert got["ttft"] == pytest.approx(0.35) and got["tpot"] == pytest.approx(0.066)
+    assert got["itl"] == pytest.approx([0.05, 0.06, 0.05, 0.12, 0.05])
+
+
+# ------------------------------------------------------------------ the blank release
+
+def test_blank_release_earns_nothing_and_leaks_nothing(source):
+    text = RELEASED.read_text()
+    for marker in MARKERS:
+        assert marker not in text
+    nb = _with_source_tests(nbformat.read(RELEASED, as_version=4), source)
+    _execute(nb, SOURCE_DIR, allow_errors=True)
+    errors = {gid: out["ename"] for gid, out in _errors(nb).items()}
+    # Functions left blank raise when a test calls them; blank variables raise in their own
+    # cell, and then the test finds no answer. Either way every autograded cell fails.
+    assert errors == {gid: ("NameError" if gid in ("test_target_kv", "test_choice_ttft",
+                                                   "test_choice_decode")
+                            else "NotImplementedError") for gid in TEST_POINTS}
+    raised = {_meta(c)["grade_id"] for c in nb.cells
+              if _meta(c).get("grade_id") in ANSWER_CELLS
+              and any(o.get("ename") == "NotImplementedError" for o in c.get("outputs", []))}
+    assert raised == {"target_kv", "choice_ttft", "choice_decode"}
+    manual = [c for c in nb.cells if _meta(c).get("grade_id") in MANUAL_POINTS]
+    assert [c.source.strip() for c in manual] == ["YOUR ANSWER HERE"] * 2
+
+
+# ------------------------------------------------------------------ the classic mistakes, named
+
+ATTEND = ("def attend_one(q, k, v):\n"
+          "    g = q.shape[0] // k.shape[0]\n"
+          "    k, v = k.{rep}(g, {args}), v.{rep}(g, {args})\n"
+          "    s = (k @ q.unsqueeze(-1)).squeeze(-1){scale}\n"
+          "    return (torch.softmax(s, dim=-1).unsqueeze(1) @ v).squeeze(1)")
+GOOD = dict(rep="repeat_interleave", args="dim=0", scale=" / math.sqrt(q.shape[-1])")
+
+# (test cell, code a learner might write in its place, a fragment the failure must contain)
+MISTAKES = [
+    ("test_kv_bytes", "def kv_bytes(l, t, h, d, b):\n    return l * t * h * d * b", "factor 2"),
+    ("test_kv_bytes", "def kv_bytes(l, t, h, d, b):\n    return 2 * l * t * h * d * b * 8", "bits"),
+    ("test_target_kv",
+     "TARGET_KV_BYTES = kv_bytes(TARGET.num_hidden_layers, TARGET.max_position_embeddings,\n"
+     "                           TARGET.num_attention_heads, TARGET.head_dim, FP32_BYTES)",
+     "query heads"),
+    ("test_target_kv",
+     "TARGET_KV_BYTES = kv_bytes(TARGET.num_hidden_layers, TARGET.max_position_embeddings,\n"
+     "                           TARGET.num_key_value_heads, TARGET.head_dim, 2)",
+     "fp32, 4 bytes"),
+    ("test_ttft", "def ttft(a, t):\n    return t[0]", "subtract the arrival"),
+    ("test_itl", "def inter_token_latencies(t):\n    return [0.35] + [b - a for a, b in zip(t, t[1:])]",
+     "TTFT, not an ITL"),
+    ("test_tpot", "def tpot(a, t):\n    return (t[-1] - t[0]) / len(t)", "n - 1 = 5"),
+    ("test_tpot", "def tpot(a, t):\n    return (t[-1] - a) / len(t)", "E2E / n"),
+    ("test_attend_mha", ATTEND.format(**dict(GOOD, scale="")), "WITHOUT the scale"),
+    ("test_attend_mha",
+     "def attend_one(q, k, v):\n"
+     "    s = (k[:, :-1] @ q.unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])\n"
+     "    return (torch.softmax(s, dim=-1).unsqueeze(1) @ v[:, :-1]).squeeze(1)",
+     "attend to itself"),
+    ("test_attend_gqa", ATTEND.format(**dict(GOOD, rep="repeat", args="1, 1")), "h // group"),
+    ("test_attend_gqa",
+     "def attend_one(q, k, v):\n"
+     "    s = (k @ q[:k.shape[0]].unsqueeze(-1)).squeeze(-1) / math.sqrt(q.shape[-1])\n"
+     "    return (torch.softmax(s, dim=-1).unsqueeze(1) @ v).squeeze(1)",
+     "one output per QUERY head"),
+    ("test_choice_ttft", 'ANSWER_TTFT = "B"', "one lowercase letter"),
+    ("test_choice_ttft", 'ANSWER_TTFT = "a"', "only the work before it counts"),
+    ("test_choice_decode", 'ANSWER_DECODE = "b"', "one step at a time"),
+]
+
+
+def test_classic_mistakes_get_messages_that_name_them(source):
+    """Each wrong answer runs against the real test cell (hidden tests included) in one kernel;
+    the correct solution runs first, so each mistake is the only thing wrong in its cell."""
+    by_id = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c)}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c.source) for c in source.cells
+                if c.cell_type == "code" and not _is_test(c)]
+    wanted = []
+    answers = [c.source for c in source.cells
+               if c.cell_type == "code" and _meta(c).get("grade_id") in ANSWER_CELLS]
+    for test_id, wrong, fragment in MISTAKES:
+        nb.cells.extend(nbformat.v4.new_code_cell(text) for text in (*answers, wrong))
+        cell_id = f"{test_id}_{len(wanted)}"
+        test_cell = nbformat.v4.new_code_cell(by_id[test_id].source)
+        test_cell.metadata = {"nbgrader": dict(_meta(by_id[test_id]), grade_id=cell_id)}
+        nb.cells.append(test_cell)
+        wanted.append((cell_id, fragment))
+    _execute(nb, SOURCE_DIR, allow_errors=True)
+    errors = _errors(nb)
+    for cell_id, fragment in wanted:
+        assert cell_id in errors, f"{cell_id}: the wrong answer passed"
+        assert errors[cell_id]["ename"] == "AssertionError", (cell_id, errors[cell_id])
+        assert fragment in errors[cell_id]["evalue"], (cell_id, errors[cell_id]["evalue"])
+
+
+# ------------------------------------------------------------------ end to end, sandboxed
+
+@needs_sandbox
+def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
+    from autograder.course import Course, release
+    from autograder.grade import autograde
+    course = Course(tmp_path)
+    shutil.copytree(SOURCE_DIR, course.source / NAME)
+    release(course, NAME)
+    for who, notebook in (("solution", SOURCE), ("blank", course.release / NAME / f"{NAME}.ipynb")):
+        dest = course.submitted / who / NAME
+        dest.mkdir(parents=True)
+        shutil.copy(notebook, dest / f"{NAME}.ipynb")
+    results = {r["student"]: r for r in autograde(course, NAME, workers=2, progress=False)}
+    for who, score in (("solution", sum(TEST_POINTS.values())), ("blank", 0)):
+        r = results[who]
+        detail = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags", "notebooks")})
+        assert r["status"] == "graded" and r["score"] == score, detail
+        assert r["max_score"] == sum(TEST_POINTS.values()) + sum(MANUAL_POINTS.values()), detail
+        tests = {t["grade_id"]: t for t in r["notebooks"][NAME]["tests"]}
+        assert set(TEST_POINTS) <= set(tests)
+        for gid, points in TEST_POINTS.items():
+            assert tests[gid]["points"] == (points if who == "solution" else 0), (who, gid, tests[gid])
