@@ -196,7 +196,8 @@ def train(preset: str, *, steps: int | None = None, save: bool = True,
         "bf16_autocast": use_bf16,
         "machine": machine_info(), "git_commit": _git_commit(),
     }
-    plot_path = plot_path or (model_dir(preset) / "loss.png")
+    if plot_path is None:  # a trial run (save=False) must not replace the shipped plot
+        plot_path = model_dir(preset) / "loss.png" if save else Path("runs") / f"loss_{preset}.png"
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot_loss(history, preset, plot_path)
     if save:
