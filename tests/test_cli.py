@@ -49,3 +49,14 @@ def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str
             "--temperature", "1.0", "--seed", "7")
     first, second = _run(capsys, *args), _run(capsys, *args)
     assert first[0] == 0 and first[1] == second[1]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (("generate", "--example", "-1"), "ticket number >= 0"),
+    (("train", "--preset", "draft", "--steps", "0"), "--steps must be at least 1"),
+    (("bench", "nosuch"), "unknown bench suite 'nosuch'"),
+])
+def test_bad_arguments_get_one_line(capsys: pytest.CaptureFixture[str], argv: tuple,
+                                    fragment: str) -> None:
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and fragment in err and "Traceback" not in err

@@ -6,15 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers  # a test dependency: its absence must fail, not skip
 
-transformers = pytest.importorskip("transformers")
-
-from tinyserve.checkpoint import load_model  # noqa: E402
-from tinyserve.config import ModelConfig  # noqa: E402
-from tinyserve.generate import generate_ids  # noqa: E402
-from tinyserve.hf_export import export_hf, write_hf_checkpoint  # noqa: E402
-from tinyserve.model import TinyLlama  # noqa: E402
-from tinyserve.tokenizer import load_tokenizer  # noqa: E402
+from tinyserve.checkpoint import load_model
+from tinyserve.config import ModelConfig
+from tinyserve.generate import generate_ids
+from tinyserve.hf_export import export_hf, write_hf_checkpoint
+from tinyserve.model import TinyLlama
+from tinyserve.tokenizer import load_tokenizer
 
 
 def _hf_model(folder: Path):  # type: ignore[no-untyped-def]

@@ -76,7 +76,6 @@ def test_worked_example_and_concurrency() -> None:
 
 
 def test_the_widgets_drive_the_same_logic() -> None:
-    pytest.importorskip("ipywidgets")
     lab = KVCacheLab()
     box = lab.ui()
     controls = lab._ui

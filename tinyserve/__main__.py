@@ -27,6 +27,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("give a prompt with --prompt TEXT, or --example N for a sample ticket.")
     if args.example is not None:
         from .corpus import example_prompts
+        if args.example < 0:
+            raise ValueError(f"--example takes a ticket number >= 0, got {args.example}.")
         prompt = example_prompts(args.example + 1)[args.example]
     else:
         prompt = args.prompt
@@ -58,28 +60,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_bench():  # type: ignore[no-untyped-def]
-    """The suites live in the top-level ``bench`` package: installed alongside tinyserve, or
-    found next to it in a source checkout."""
-    try:
-        import bench
-    except ModuleNotFoundError:
-        root = Path(__file__).resolve().parents[1]
-        if not (root / "bench" / "__init__.py").exists():
-            raise RuntimeError("the benchmark suites (the bench/ folder) are not installed; "
-                               "run from a checkout of the course repository.") from None
-        sys.path.insert(0, str(root))
-        import bench
-    return bench
-
-
 def _cmd_bench(args: argparse.Namespace) -> int:
-    _import_bench().run_suite(args.suite, json_path=args.json, quick=args.quick)
+    import bench  # the suites ship as their own package next to tinyserve
+    bench.run_suite(args.suite, json_path=args.json, quick=args.quick)
     return 0
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import train
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}.")
     report = train(args.preset, steps=args.steps, save=not args.no_save)
     print(json.dumps({k: v for k, v in report.items() if k != "machine"}, indent=2))
     return 0
