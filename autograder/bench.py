@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from tinyserve.provenance import git_commit, machine_info
+
 from .course import Course, CourseError, release
 from .grade import autograde
-
-
-def _machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()}
-
-
-def _commit(root: Path) -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def bench(course: Course, out: Path, *, n: int = 30, workers: int | None = None,
@@ -62,8 +49,8 @@ def bench(course: Course, out: Path, *, n: int = 30, workers: int | None = None,
         "suite": "grading",
         "ratios": {"parallel_grading_speedup":
                    timings["serial"]["seconds"] / timings["parallel"]["seconds"]},
-        "timings": timings, "submissions": n, "machine": _machine(),
-        "git_commit": _commit(course.root),
+        "timings": timings, "submissions": n, "machine": machine_info(),
+        "git_commit": git_commit(course.root),
         "conditions": f"{n} copies of a solved {assignment or 'mini'} notebook, sandboxed; "
                       "serial = 1 worker, parallel = CPU count",
     }

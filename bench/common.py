@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,7 +12,8 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tinyserve.provenance import git_commit, machine_info
+
 
 
 def sync(device: torch.device) -> None:
@@ -42,36 +40,6 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 5
     return statistics.median(times)
 
 
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-    try:
-        import transformers
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return info
-
-
-def git_commit() -> str | None:
-    """HEAD of the repository, with ``-dirty`` when tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                              text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("-dirty" if dirty else "")
-
-
 def report(suite: str, ratios: dict[str, float], measurements: dict[str, Any],
            conditions: dict[str, Any], quick: bool) -> dict[str, Any]:
     return {
@@ -80,7 +48,7 @@ def report(suite: str, ratios: dict[str, float], measurements: dict[str, Any],
         "measurements": measurements,
         "conditions": conditions,
         "quick": quick,
-        "machine": machine(),
+        "machine": machine_info(),
         "git_commit": git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }

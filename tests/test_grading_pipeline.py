@@ -214,3 +214,15 @@ def test_harbor_feedback_has_no_hidden_tests(harbor):
         text = path.read_text()
         assert "BEGIN HIDDEN TESTS" not in text and "Traceback" not in text
         assert not (secret & {line.strip() for line in text.splitlines()})
+
+
+@needs_sandbox
+def test_grading_bench_writes_its_report(tmp_path):
+    out = tmp_path / "grading.json"
+    proc = cli("bench", "--json", str(out), "--submissions", "2", root=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["ratios"]) == {"parallel_grading_speedup"}
+    assert data["ratios"]["parallel_grading_speedup"] > 0  # a ratio, never a timing bound
+    assert {"serial", "parallel"} <= set(data["timings"]) and data["submissions"] == 2
+    assert data["machine"]["cpu_count"] and data["git_commit"]

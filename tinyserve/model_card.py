@@ -54,7 +54,8 @@ def model_card(n_name_checks: int = 50) -> dict[str, Any]:
             "context_window": cfg.max_position_embeddings,
             "flops_per_token": cfg.flops_per_token(),
             "train_seconds": report.get("train_seconds"),
-            "train_threads": report.get("machine", {}).get("cpu_threads"),
+            "train_threads": report.get("machine", {}).get(
+                "torch_threads", report.get("machine", {}).get("cpu_threads")),
             "train_steps": report.get("train_config", {}).get("steps"),
             "train_tokens_seen": report.get("train_tokens_seen"),
             "val_loss": round(loss, 4), "val_perplexity": round(math.exp(loss), 2),

@@ -9,8 +9,6 @@ document starts with ``<|ticket|>`` and ends with ``<|end|>``.
 from __future__ import annotations
 
 import math
-import platform
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +22,7 @@ from .checkpoint import model_dir, save_model
 from .config import PRESETS, ModelConfig
 from .corpus import build_corpus
 from .model import TinyLlama
+from .provenance import git_commit, machine_info
 from .tokenizer import load_tokenizer
 
 
@@ -118,20 +117,6 @@ def bf16_is_fast() -> bool:
         return False
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def machine_info() -> dict[str, Any]:
-    return {"platform": platform.platform(), "processor": platform.machine(),
-            "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
-
-
 def train(preset: str, *, steps: int | None = None, save: bool = True,
           plot_path: Path | None = None) -> dict[str, Any]:
     """Train one preset from scratch on CPU and (by default) ship the result."""
@@ -194,7 +179,7 @@ def train(preset: str, *, steps: int | None = None, save: bool = True,
         "val_loss": round(history["val_loss"][-1], 4),
         "val_tokens": int(val_windows[:, 1:].numel()),
         "bf16_autocast": use_bf16,
-        "machine": machine_info(), "git_commit": _git_commit(),
+        "machine": machine_info(), "git_commit": git_commit(),
     }
     if plot_path is None:  # a trial run (save=False) must not replace the shipped plot
         plot_path = model_dir(preset) / "loss.png" if save else Path("runs") / f"loss_{preset}.png"
