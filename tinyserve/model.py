@@ -32,6 +32,17 @@ class KVStore(Protocol):
                positions: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
 
 
+class AttentionBackend(Protocol):
+    """A cache that does attention itself (the paged cache of :mod:`tinyserve.paged`).
+
+    ``attend`` stores this step's keys and values and returns the attention output for the
+    step's queries. It is how one forward pass serves a flat list of tokens from several
+    sequences: only the backend knows which tokens belong together.
+    """
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor: ...
+
+
 class RMSNorm(nn.Module):
     """Scale each vector to unit root-mean-square, then by a learned gain (no mean, no bias)."""
 
@@ -99,12 +110,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
-                cache: KVStore | None = None, contiguous: bool = False) -> Tensor:
+                cache: KVStore | AttentionBackend | None = None, contiguous: bool = False) -> Tensor:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, heads, T, head_dim)
+        if hasattr(cache, "attend"):
+            out = cache.attend(self.layer, q, k, v)             # type: ignore[union-attr]
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
         if cache is None:
             k_positions = positions
@@ -147,7 +161,8 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
-                cache: KVStore | None = None, contiguous: bool = False) -> Tensor:
+                cache: KVStore | AttentionBackend | None = None,
+                contiguous: bool = False) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), positions, cos, sin, cache, contiguous)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -193,7 +208,7 @@ class TinyLlama(nn.Module):
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
-                cache: KVStore | None = None) -> Tensor:
+                cache: KVStore | AttentionBackend | None = None) -> Tensor:
         """``input_ids`` (B, T) -> logits (B, T, vocab), float32.
 
         ``positions`` (B, T) or (T,) defaults to 0..T-1. Positions must lie inside the

@@ -1,0 +1,227 @@
+"""The continuous-batching engine: schedule, execute, post-process, once per step.
+
+::
+
+    engine = Engine(model, EngineConfig(num_blocks=64))
+    engine.add_request(prompt_ids, max_tokens=32)
+    while engine.has_unfinished():
+        for event in engine.step():      # (request id, new token, finished?) per sequence
+            ...
+
+A step asks the :class:`~tinyserve.scheduler.Scheduler` for a batch, hands it to an
+*executor* that computes it, and then updates every sequence: tokens computed, a new token
+sampled where a sequence reached its end, timestamps, finish (stop token, ``max_tokens`` or
+the context window) and the blocks it returns. Two executors share this loop:
+:class:`ModelExecutor` runs the real model over a paged KV cache, and
+:class:`~tinyserve.simulator.SimulatedExecutor` charges a calibrated cost on a virtual
+clock, so scheduling experiments with thousands of requests take seconds.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .block_manager import BlockManager
+from .generate import PromptError, check_prompt
+from .model import TinyLlama
+from .paged import PagedKVCache, RowSpec
+from .policies import Policy
+from .sampling import SamplingParams, sample_with
+from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from .sequence import Sequence, SeqStatus
+
+
+@dataclass
+class EngineConfig:
+    num_blocks: int = 128
+    block_size: int = 16
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 256
+    chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    static: bool = False
+    policy: str | Policy = "fcfs"
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    seq_id: str
+    token_id: int
+    finished: bool
+    finish_reason: str | None
+
+
+class Executor(Protocol):
+    def now(self) -> float: ...
+    def wait_until(self, t: float) -> None: ...
+    def execute(self, batch: ScheduledBatch, blocks: BlockManager) -> list[int | None]: ...
+
+
+class ModelExecutor:
+    """Runs a step on the real model: one forward pass over every scheduled token."""
+
+    def __init__(self, model: TinyLlama, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.cache = PagedKVCache(model.config, num_blocks, block_size,
+                                  device=model.device, dtype=model.dtype)
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, t: float) -> None:
+        delay = t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+
+    @torch.no_grad()
+    def execute(self, batch: ScheduledBatch, blocks: BlockManager) -> list[int | None]:
+        ids: list[int] = []
+        positions: list[int] = []
+        rows = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start = seq.num_computed
+            tokens = seq.token_ids
+            ids += tokens[start:start + n]
+            positions += range(start, start + n)
+            # Slots come straight from the block table (see BlockManager.slot).
+            table, bs = blocks.tables[seq.seq_id].blocks, blocks.block_size
+            slots = [table[p // bs] * bs + p % bs for p in range(start + n)]
+            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start))
+        device = self.model.device
+        self.cache.prepare(rows)
+        logits = self.model(torch.tensor([ids], device=device),
+                            torch.tensor([positions], device=device), self.cache)[0]
+        out: list[int | None] = []
+        offset = 0
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            offset += n
+            if seq.num_computed + n < seq.num_tokens:
+                out.append(None)          # a prefill chunk that is not the last: no token yet
+                continue
+            out.append(int(sample_with(logits[offset - 1:offset], seq.sampling, seq.generator)))
+        return out
+
+
+class Engine:
+    def __init__(self, model: TinyLlama | None = None, config: EngineConfig | None = None, *,
+                 executor: Executor | None = None, context_window: int | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        if executor is None:
+            if model is None:
+                raise ValueError("give a model, or an executor (e.g. a SimulatedExecutor)")
+            executor = ModelExecutor(model, config.num_blocks, config.block_size)
+        self.executor = executor
+        self.context_window = context_window or (model.config.max_position_embeddings
+                                                 if model is not None else 1 << 30)
+        self.blocks = BlockManager(config.num_blocks, config.block_size,
+                                   config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                            config.chunked_prefill, config.static),
+            self.blocks, config.policy, self.context_window)
+        self.seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self.steps = 0
+
+    def now(self) -> float:
+        return self.executor.now()
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], max_tokens: int, *,
+                    sampling: SamplingParams = SamplingParams(), stop_ids: Iterable[int] = (),
+                    request_id: str | None = None, arrival: float | None = None) -> Sequence:
+        """Queue a request; raises :class:`PromptError` if it can never be served."""
+        check_prompt(prompt_ids, max_tokens, self.context_window)
+        seq_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if seq_id in self.seqs and not self.seqs[seq_id].finished:
+            raise ValueError(f"request id {seq_id!r} is already in use")
+        seq = Sequence(seq_id, list(prompt_ids), max_tokens, sampling, tuple(stop_ids),
+                       arrival=self.now() if arrival is None else arrival)
+        try:
+            self.scheduler.add(seq)
+        except ValueError as e:
+            raise PromptError(str(e)) from None
+        self.seqs[seq_id] = seq
+        return seq
+
+    def abort(self, seq_id: str) -> None:
+        seq = self.seqs[seq_id]
+        if not seq.finished:
+            self.scheduler.abort(seq)
+            seq.trace.finish, seq.trace.finish_reason = self.now(), "abort"
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # ---- one step -------------------------------------------------------------------------
+    def step(self) -> list[StepEvent]:
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        start = self.now()
+        for seq in batch.seqs:
+            if seq.trace.admitted is None:
+                seq.trace.admitted = start
+            if seq.trace.prefill_start is None:
+                seq.trace.prefill_start = start
+        tokens = self.executor.execute(batch, self.blocks)
+        now = self.now()
+        self.steps += 1
+        events = []
+        for seq, n, token in zip(batch.seqs, batch.num_new_tokens, tokens):
+            seq.num_computed += n
+            if token is None:
+                continue
+            self.blocks.register_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed)
+            if seq.trace.prefill_end is None:
+                seq.trace.prefill_end = now
+            seq.output_ids.append(token)
+            seq.trace.tokens.append(token)
+            seq.trace.token_times.append(now)
+            reason = self._finish_reason(seq, token)
+            if reason:
+                self.scheduler.finish(seq, reason)
+                seq.trace.finish, seq.trace.finish_reason = now, reason
+            events.append(StepEvent(seq.seq_id, token, reason is not None, reason))
+        return events
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.stop_ids:
+            return "stop"
+        if len(seq.output_ids) >= seq.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.context_window:
+            return "window"
+        return None
+
+    def run(self) -> list[Sequence]:
+        """Step until every queued request is done; return them in the order they were added."""
+        while self.has_unfinished():
+            self.step()
+        return list(self.seqs.values())
+
+
+def generate_many(model: TinyLlama, prompts: list[list[int]], max_tokens: int,
+                  config: EngineConfig | None = None, **kwargs: object) -> list[list[int]]:
+    """Serve every prompt through the engine at once; each one's new tokens, in order."""
+    engine = Engine(model, config)
+    seqs = [engine.add_request(p, max_tokens, **kwargs) for p in prompts]  # type: ignore[arg-type]
+    engine.run()
+    return [s.output_ids for s in seqs]
+
+
+__all__ = ["Engine", "EngineConfig", "ModelExecutor", "StepEvent", "generate_many",
+           "PromptError", "SeqStatus"]

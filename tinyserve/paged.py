@@ -1,0 +1,134 @@
+"""Paged KV storage and the attention that reads it through block tables.
+
+Keys and values for every layer live in one pool of slots, ``(layers, num_blocks *
+block_size, n_kv_heads, head_dim)``; :class:`~tinyserve.block_manager.BlockManager` decides
+which slots a sequence owns. A step of the continuous-batching engine runs *one* forward pass
+over a flat list of new tokens from several sequences (a prefill chunk of one, the single
+decode token of others), so the model sees ``(1, N)`` tokens. Everything that is per token
+(embeddings, projections, MLP) works on that flat list unchanged; only attention needs to
+know which sequence a token belongs to, and that is this module's job, the way an attention
+*backend* does it in vLLM:
+
+1. write each new token's key and value into its slot (the slot mapping);
+2. gather each sequence's keys and values, in position order, through its block table;
+3. attend: decode rows together as one padded batch (one query each), prefill chunks one
+   by one with a causal mask offset by the tokens already cached.
+
+:class:`StepLayout` holds what the engine knows about a step (per row: new-token slots, the
+slots of the whole context, positions); it is built once per step and shared by all layers.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One sequence's part of a step."""
+
+    new_slots: list[int]       # slot of each new token, in order
+    context_slots: list[int]   # slot of every token the row attends to (old + new), in order
+    start: int                 # position of the first new token
+
+
+class StepLayout:
+    """Index tensors for one step, computed once and read by every layer."""
+
+    def __init__(self, rows: Sequence[RowSpec], device: torch.device) -> None:
+        self.rows = list(rows)
+        self.num_tokens = sum(len(r.new_slots) for r in rows)
+        self.write_slots = torch.tensor([s for r in rows for s in r.new_slots],
+                                        device=device, dtype=torch.long)
+        # Where each row's new tokens sit in the flat token list.
+        offsets, o = [], 0
+        for r in rows:
+            offsets.append(o)
+            o += len(r.new_slots)
+        self.offsets = offsets
+        self.decode_rows = [i for i, r in enumerate(rows) if len(r.new_slots) == 1]
+        self.prefill_rows = [i for i, r in enumerate(rows) if len(r.new_slots) > 1]
+        if self.decode_rows:
+            width = max(len(rows[i].context_slots) for i in self.decode_rows)
+            idx = torch.zeros(len(self.decode_rows), width, dtype=torch.long)
+            visible = torch.zeros(len(self.decode_rows), width, dtype=torch.bool)
+            for j, i in enumerate(self.decode_rows):
+                ctx = rows[i].context_slots
+                idx[j, :len(ctx)] = torch.tensor(ctx)
+                visible[j, :len(ctx)] = True   # padding slots point at slot 0 and stay hidden
+            self.decode_tokens = torch.tensor([offsets[i] for i in self.decode_rows], device=device)
+            self.decode_gather = idx.to(device)
+            self.decode_mask = visible[:, None, None, :].to(device)      # (D, 1, 1, width)
+        self.prefill_meta = []
+        for i in self.prefill_rows:
+            r = rows[i]
+            n, ctx = len(r.new_slots), len(r.context_slots)
+            q_pos = torch.arange(r.start, r.start + n, device=device)
+            k_pos = torch.arange(ctx, device=device)
+            mask = (k_pos[None, :] <= q_pos[:, None])[None, None]       # (1, 1, n, ctx)
+            gather = torch.tensor(r.context_slots, device=device)
+            self.prefill_meta.append((offsets[i], n, gather, mask))
+
+
+class PagedKVCache:
+    """The slot pool for every layer; implements the model's attention-backend hook.
+
+    Pass it to the model as ``model(ids, positions, cache)`` after :meth:`prepare`. A row's
+    slots come from the block manager: ``block_table[pos // block_size] * block_size +
+    pos % block_size``.
+    """
+
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, *,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        self.config = config
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads,
+                 config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.layout: StepLayout | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // self.num_blocks
+
+    def prepare(self, rows: Sequence[RowSpec]) -> StepLayout:
+        self.layout = StepLayout(rows, self.k.device)
+        return self.layout
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Write the step's keys/values and return attention output ``(1, heads, N, hd)``.
+
+        ``q`` is ``(1, heads, N, head_dim)``, ``k`` and ``v`` ``(1, n_kv, N, head_dim)``,
+        already rotated; N is the step's flat token count.
+        """
+        lay = self.layout
+        if lay is None or q.shape[2] != lay.num_tokens:
+            raise ValueError("call prepare() with this step's rows before the forward pass")
+        k_pool, v_pool = self.k[layer], self.v[layer]              # (slots, n_kv, hd)
+        k_pool[lay.write_slots] = k[0].transpose(0, 1)
+        v_pool[lay.write_slots] = v[0].transpose(0, 1)
+        out = torch.empty_like(q)
+        if lay.decode_rows:
+            qd = q[0, :, lay.decode_tokens].transpose(0, 1)[:, :, None]  # (D, heads, 1, hd)
+            kd = k_pool[lay.decode_gather].permute(0, 2, 1, 3)       # (D, n_kv, width, hd)
+            vd = v_pool[lay.decode_gather].permute(0, 2, 1, 3)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=lay.decode_mask,
+                                                enable_gqa=True)
+            out[0, :, lay.decode_tokens] = od[:, :, 0].transpose(0, 1)
+        for offset, n, gather, mask in lay.prefill_meta:
+            kp = k_pool[gather].permute(1, 0, 2)[None]              # (1, n_kv, ctx, hd)
+            vp = v_pool[gather].permute(1, 0, 2)[None]
+            out[:, :, offset:offset + n] = F.scaled_dot_product_attention(
+                q[:, :, offset:offset + n], kp, vp, attn_mask=mask, enable_gqa=True)
+        return out
