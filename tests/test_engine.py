@@ -1,0 +1,216 @@
+"""The continuous-batching engine against its plain references.
+
+Every request must produce exactly the tokens it produces alone (greedy, and seeded
+sampling), whatever shares its batch, whatever the block size, token budget, policy, prefix
+hits, chunking or preemptions; paged attention must equal a full recompute; and every block
+must come back after any mix of finishes and cancels.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import random_prompt, sharp_model
+from tinyserve.config import ModelConfig
+from tinyserve.engine import Engine, EngineConfig, generate_many
+from tinyserve.generate import PromptError, generate, generate_ids
+from tinyserve.paged import PagedKVCache, RowSpec
+from tinyserve.sampling import SamplingParams
+from tinyserve.block_manager import BlockManager
+
+CFG = ModelConfig(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=64)
+LENGTHS = (3, 17, 33, 5, 40, 16, 8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sharp_model(CFG, 0)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return [random_prompt(CFG.vocab_size, n, seed=n) for n in LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def alone(model, prompts):
+    return [list(generate_ids(model, p, 20)) for p in prompts]
+
+
+CONFIGS = {
+    "small budget, chunked": EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=8),
+    "tight memory, preempts": EngineConfig(num_blocks=16, block_size=4, max_num_seqs=4,
+                                           max_num_batched_tokens=16),
+    "no chunking": EngineConfig(num_blocks=64, block_size=8, chunked_prefill=False,
+                                max_num_batched_tokens=64),
+    "static batches": EngineConfig(num_blocks=64, block_size=4, static=True, max_num_seqs=3),
+    "block size 1": EngineConfig(num_blocks=400, block_size=1, max_num_batched_tokens=32),
+    "shortest first": EngineConfig(num_blocks=64, block_size=4, policy="spf"),
+    "size-aware": EngineConfig(num_blocks=64, block_size=4, policy="size-aware", max_num_seqs=4),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_batched_equals_alone(name, model, prompts, alone) -> None:
+    engine = Engine(model, CONFIGS[name])
+    seqs = [engine.add_request(p, 20) for p in prompts]
+    engine.run()
+    assert [s.output_ids for s in seqs] == alone
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    engine.blocks.check_invariants()
+    if name == "tight memory, preempts":
+        assert sum(s.preemptions for s in seqs) > 0     # the case this config exists for
+
+
+def test_requests_joining_mid_flight_equal_alone(model, prompts, alone) -> None:
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16))
+    seqs, pending = [], list(prompts)
+    while pending or engine.has_unfinished():
+        if pending:                                      # one new request every step
+            seqs.append(engine.add_request(pending.pop(0), 20))
+        engine.step()
+    assert [s.output_ids for s in seqs] == alone
+
+
+def test_prefix_hit_equals_miss(model) -> None:
+    system = random_prompt(CFG.vocab_size, 24, seed=99)
+    users = [system + random_prompt(CFG.vocab_size, n, seed=100 + n) for n in (3, 9, 14)]
+    want = [list(generate_ids(model, p, 12)) for p in users]
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4))
+    first = engine.add_request(users[0], 12)
+    engine.run()                                         # warms the cache with the system prompt
+    rest = [engine.add_request(p, 12) for p in users[1:]]
+    engine.run()
+    assert [s.output_ids for s in [first, *rest]] == want
+    assert first.cached_tokens == 0
+    assert all(s.cached_tokens == 24 for s in rest)      # 6 full blocks of the system prompt
+    assert engine.blocks.prefix_hit_rate > 0
+
+
+def test_seeded_sampling_equals_alone(model, prompts) -> None:
+    params = [SamplingParams(temperature=0.9, top_k=20, seed=s) for s in range(len(prompts))]
+    want = [generate(model, p, 15, sampling=sp).tokens for p, sp in zip(prompts, params)]
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12))
+    seqs = [engine.add_request(p, 15, sampling=sp) for p, sp in zip(prompts, params)]
+    engine.run()
+    assert [s.output_ids for s in seqs] == want
+
+
+def test_stop_tokens_and_window(model, prompts, alone) -> None:
+    stop = alone[1][4]
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4))
+    stopped = engine.add_request(prompts[1], 20, stop_ids=[stop])
+    long = engine.add_request(prompts[4], 50)            # 40 + 50 > 64: ends at the window
+    engine.run()
+    assert stopped.output_ids == alone[1][:alone[1].index(stop) + 1]
+    assert stopped.finish_reason == "stop"
+    assert long.finish_reason == "window" and long.num_tokens == CFG.max_position_embeddings
+    assert long.output_ids == list(generate_ids(model, prompts[4], 50))
+
+
+def test_timestamps_are_ordered(model, prompts) -> None:
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=8))
+    seqs = [engine.add_request(p, 5) for p in prompts]
+    engine.run()
+    for s in seqs:
+        t = s.trace
+        assert t.arrival <= t.admitted <= t.prefill_start <= t.prefill_end <= t.token_times[0]
+        assert t.token_times == sorted(t.token_times) and t.finish == t.token_times[-1]
+        assert len(t.token_times) == len(s.output_ids) == 5
+
+
+def test_bad_requests_are_refused_with_the_limit(model) -> None:
+    engine = Engine(model, EngineConfig(num_blocks=4, block_size=4))
+    with pytest.raises(PromptError, match="context window is 64"):
+        engine.add_request(list(range(64)), 4)
+    with pytest.raises(PromptError, match="needs 5 KV blocks but the pool has 4"):
+        engine.add_request(list(range(10)), 10)
+    with pytest.raises(PromptError, match="empty"):
+        engine.add_request([], 4)
+    assert not engine.has_unfinished()
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_cancel_anywhere_returns_every_block(model, prompts, alone, seed: int) -> None:
+    rng = random.Random(seed)
+    engine = Engine(model, EngineConfig(num_blocks=20, block_size=4, max_num_seqs=4,
+                                        max_num_batched_tokens=rng.choice([4, 8, 32])))
+    seqs = [engine.add_request(p, 20) for p in prompts]
+    cancelled = set()
+    while engine.has_unfinished():
+        engine.step()
+        engine.blocks.check_invariants()
+        live = [s for s in seqs if not s.finished]
+        if live and rng.random() < 0.2:
+            victim = rng.choice(live)
+            engine.abort(victim.seq_id)
+            cancelled.add(victim.seq_id)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    for s, want in zip(seqs, alone):
+        if s.seq_id not in cancelled:
+            assert s.output_ids == want
+        else:
+            assert s.finish_reason == "abort" and s.output_ids == want[:len(s.output_ids)]
+
+
+def test_generate_many(model, prompts, alone) -> None:
+    assert generate_many(model, prompts, 20, EngineConfig(num_blocks=64, block_size=4)) == alone
+
+
+# ---- paged attention itself ---------------------------------------------------------------
+
+def _paged_forward(model, ids, block_size, chunks, seed):
+    """Run ``ids`` through the paged cache in the given chunk sizes, on shuffled blocks."""
+    n_blocks = -(-len(ids) // block_size)
+    order = list(range(3 * n_blocks))
+    random.Random(seed).shuffle(order)
+    table = order[:n_blocks]                             # non-contiguous, out of order
+    cache = PagedKVCache(model.config, 3 * n_blocks, block_size)
+    slots = [table[p // block_size] * block_size + p % block_size for p in range(len(ids))]
+    out, start = [], 0
+    for n in chunks:
+        cache.prepare([RowSpec(slots[start:start + n], slots[:start + n], start)])
+        logits = model(torch.tensor([ids[start:start + n]]),
+                       torch.arange(start, start + n)[None], cache)
+        out.append(logits[0])
+        start += n
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("block_size,chunks", [(4, [30]), (4, [7, 1, 1, 13, 8]), (16, [1] * 30),
+                                               (5, [16, 14])])
+def test_paged_equals_recompute(model, block_size, chunks) -> None:
+    ids = random_prompt(CFG.vocab_size, 30, seed=7)
+    full = model(torch.tensor([ids]))[0]
+    paged = _paged_forward(model, ids, block_size, chunks, seed=block_size)
+    torch.testing.assert_close(paged, full, atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_step_equals_separate(model) -> None:
+    """One step holding a prefill chunk and two decodes equals the three run on their own."""
+    bm = BlockManager(32, 4, enable_prefix_caching=False)
+    cache = PagedKVCache(model.config, 32, 4)
+    a, b, c = (random_prompt(CFG.vocab_size, n, seed=n) for n in (9, 6, 12))
+    for name, toks in (("a", a), ("b", b)):             # a and b already hold all but one token
+        bm.allocate(name, toks)
+        slots = [bm.slot(name, p) for p in range(len(toks) - 1)]
+        cache.prepare([RowSpec(slots, slots, 0)])
+        model(torch.tensor([toks[:-1]]), torch.arange(len(toks) - 1)[None], cache)
+    bm.allocate("c", c)
+    rows, ids, pos = [], [], []
+    for name, toks, start in (("a", a, len(a) - 1), ("c", c, 0), ("b", b, len(b) - 1)):
+        slots = [bm.slot(name, p) for p in range(len(toks))]
+        rows.append(RowSpec(slots[start:], slots, start))
+        ids += toks[start:]
+        pos += range(start, len(toks))
+    cache.prepare(rows)
+    logits = model(torch.tensor([ids]), torch.tensor([pos]), cache)[0]
+    want = torch.stack([model(torch.tensor([t]))[0, -1] for t in (a, c, b)])
+    got = logits[torch.tensor([0, len(c), len(c) + 1])]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
