@@ -1,0 +1,279 @@
+"""int8 weight-only quantization and an int8 KV cache.
+
+**The quantizer.** Symmetric, one scale per row: a row ``x`` (a weight's output channel, or
+one head's key vector at one token) is stored as ``q = round(x / s)`` in int8 with
+``s = max|x| / 127``, and read back as ``q * s``. The largest entry lands exactly on +-127,
+so nothing is clipped and every entry is off by at most ``s / 2`` (rounding to the nearest
+step). One scale per row rather than per tensor matters: a single row with an outlier would
+otherwise set a coarse step for every other row. -128 is never used, so the grid is
+symmetric and ``-x`` quantizes to ``-q``. An all-zero row gets ``s = 1`` (any scale stores
+zeros exactly; 1 avoids a division by zero).
+
+**Weights** (:class:`Int8Linear`): 1 byte per weight plus 4 bytes per output channel,
+against 4 bytes per weight in fp32. Activations stay in the model's dtype ("weight-only"),
+so the matmul runs in float. Three ways to compute it, all tested equal:
+
+- ``reference``: dequantize the weight, then ``F.linear``: the plain definition;
+- ``scale_after`` (default): ``F.linear(x, q) * s``. A row's scale multiplies every term of
+  that output's dot product, so it can be applied once to the result instead of to every
+  weight: the same number, fewer multiplies, and no float copy of the weight scaled first;
+- ``int8pack``: PyTorch's fused CPU kernel ``aten._weight_int8pack_mm(x, q, s)``, which
+  computes ``x @ q.T * s`` without materialising a float weight.
+
+**The tied embedding** (:func:`quantize_model`). The target reads tokens in and scores them out
+with one (vocab, hidden) matrix. Per-row scales suit both uses: a row is one token's embedding
+(what a lookup reads) and one output channel of the LM head. So the matrix is quantized once
+and the int8 values and scales are shared by :class:`Int8Embedding` and the head's
+:class:`Int8Linear`: the tie, and the memory it saves, survive. ``embeddings=False`` keeps
+that matrix in float (a common choice in practice: the head is the layer most sensitive to
+rounding); the ratio in the bench shows what it costs.
+
+**The KV cache** (:class:`Int8KVCache`): the contiguous cache with int8 slots and one fp32
+scale per (layer, row, KV head, token). ``update`` quantizes the new keys and values as they
+are written and hands attention the dequantized cache, so the model code is unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .model import TinyLlama
+
+QMAX = 127  # symmetric int8 grid: -127..127
+KERNELS = ("reference", "scale_after", "int8pack")
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """int8 values (shape of ``x``) and fp32 scales (``x.shape[:-1]``): one scale per row
+    along the last dimension. ``|x - dequantize_rows(q, s)| <= s / 2`` element-wise."""
+    if not x.is_floating_point():
+        raise TypeError(f"quantize_rows expects a float tensor, got {x.dtype}")
+    x = x.float()
+    amax = x.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
+    q = torch.round(x / scale[..., None]).clamp(-QMAX, QMAX).to(torch.int8)
+    return q, scale
+
+
+def dequantize_rows(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """``q * scale`` row by row, in ``dtype``."""
+    return (q.float() * scale[..., None]).to(dtype)
+
+
+def quantize_per_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
+    """One scale for the whole tensor (the coarser scheme, for comparison)."""
+    q, scale = quantize_rows(x.reshape(1, -1))
+    return q.reshape(x.shape), scale.reshape(())
+
+
+class Int8Linear(nn.Module):
+    """A bias-free linear layer whose weight (out, in) is int8 with one scale per output."""
+
+    def __init__(self, qweight: Tensor, scale: Tensor, kernel: str = "scale_after") -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+        self.register_buffer("qweight", qweight)  # (out, in) int8
+        self.register_buffer("scale", scale)      # (out,) fp32
+        self.kernel = kernel
+        self.out_features, self.in_features = qweight.shape
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str = "scale_after") -> "Int8Linear":
+        if linear.bias is not None:
+            raise ValueError("Int8Linear covers the model's bias-free projections only")
+        q, s = quantize_rows(linear.weight.detach())
+        return cls(q, s, kernel)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        return dequantize_rows(self.qweight, self.scale, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.kernel == "reference":
+            return F.linear(x, self.dequantized_weight(x.dtype))
+        if self.kernel == "scale_after":
+            # int8 values are exact in fp32, bf16 and fp16 (8 significant bits suffice).
+            return F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+        if x.device.type != "cpu":
+            raise RuntimeError("the int8pack kernel is PyTorch's CPU kernel; use kernel="
+                               "'scale_after' on other devices")
+        flat = x.reshape(-1, self.in_features)
+        out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.scale.to(x.dtype))
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8, kernel={self.kernel}"
+
+
+class Int8Embedding(nn.Module):
+    """Token lookup from an int8 (vocab, hidden) table with one scale per token row."""
+
+    def __init__(self, qweight: Tensor, scale: Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.out_dtype = dtype
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return (self.qweight[ids].to(self.out_dtype) * self.scale[ids, None].to(self.out_dtype))
+
+
+class QuantizedTinyLlama(TinyLlama):
+    """The same model with int8 projections. Only ``device`` and ``dtype`` change: the base
+    class reads them off the embedding's float weight, which an int8 model no longer has, so
+    they come from the final norm's gain (always float, in the activations' dtype)."""
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.norm.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.norm.weight.dtype
+
+
+def quantize_model(model: TinyLlama, *, kernel: str = "scale_after",
+                   embeddings: bool = True) -> QuantizedTinyLlama:
+    """A new model whose linear layers hold int8 weights; ``model`` is left untouched.
+
+    Norm gains stay in float (a few hundred numbers). The tied embedding / LM head is
+    quantized once, per token row, and shared (see the module docstring); with
+    ``embeddings=False`` it stays in float.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+    if isinstance(model, QuantizedTinyLlama):
+        raise ValueError("the model is already quantized; quantize the float model instead")
+    cfg: ModelConfig = model.config
+    new = QuantizedTinyLlama(cfg).to(device=model.device, dtype=model.dtype)
+    new.load_state_dict(model.state_dict())  # a copy: the original's tensors are not shared
+    new.eval()
+    for layer in new.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                setattr(parent, name, Int8Linear.from_linear(getattr(parent, name), kernel))
+    if embeddings:
+        q, s = quantize_rows(new.model.embed_tokens.weight.detach())
+        new.model.embed_tokens = Int8Embedding(q, s, model.dtype)
+        if cfg.tie_word_embeddings:
+            new.lm_head = Int8Linear(q, s, kernel)  # the very same int8 tensors: still tied
+        else:
+            new.lm_head = Int8Linear.from_linear(new.lm_head, kernel)
+    return new
+
+
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes of distinct storages: a tensor shared twice (the tied matrix) counts once."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        key = (str(t.device), t.untyped_storage().data_ptr())
+        seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's parameters and buffers occupy (each storage once)."""
+    return tensor_bytes([*model.parameters(), *model.buffers()])
+
+
+class Int8KVCache(KVCache):
+    """:class:`~tinyserve.kv_cache.KVCache` with int8 slots and per-token, per-KV-head scales.
+
+    Same slots, lengths, ``rewind`` and errors as the float cache (the bookkeeping is
+    inherited); only what a slot holds differs. ``dtype`` is the dtype attention receives.
+    Cost per token per layer: ``2 x kv_heads x (head_dim + 4)`` bytes against
+    ``2 x kv_heads x head_dim x 4`` in fp32, so 128 / 36 = 3.6x smaller at head_dim 32.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int = 1, max_seq: int | None = None,
+                 *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(config, batch_size, max_seq, device=device, dtype=torch.int8)
+        self.dtype = dtype
+        scales = self.k.shape[:-1]  # (layers, batch, kv_heads, max_seq)
+        self.k_scale = torch.ones(scales, device=device, dtype=torch.float32)
+        self.v_scale = torch.ones(scales, device=device, dtype=torch.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes + self.k_scale.nbytes + self.v_scale.nbytes
+
+    def _store(self, values: Tensor, scales: Tensor, layer: int, q: Tensor, s: Tensor) -> None:
+        if isinstance(self._write, slice):
+            values[layer, :, :, self._write] = q
+            scales[layer, :, :, self._write] = s
+        else:
+            rows, slots = self._write
+            values[layer][rows, :, slots] = q.transpose(1, 2)   # (B, T, kv_heads, head_dim)
+            scales[layer][rows, :, slots] = s.transpose(1, 2)   # (B, T, kv_heads)
+
+    def update(self, layer: int, k: Tensor, v: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if k.shape[0] != self.batch_size:
+            raise ValueError(f"the cache holds {self.batch_size} sequences, got a batch of "
+                             f"{k.shape[0]}")
+        if layer == 0:
+            self._advance(positions)
+        self._store(self.k, self.k_scale, layer, *quantize_rows(k))
+        self._store(self.v, self.v_scale, layer, *quantize_rows(v))
+        assert self._k_positions is not None
+        n = self._k_positions.shape[1]
+        # Attention reads every cached slot each step, so each step dequantizes them all:
+        # the overhead that can eat the bandwidth saved when the matmuls are not fused.
+        keys = dequantize_rows(self.k[layer, :, :, :n], self.k_scale[layer, :, :, :n], self.dtype)
+        values = dequantize_rows(self.v[layer, :, :, :n], self.v_scale[layer, :, :, :n], self.dtype)
+        return keys, values, self._k_positions
+
+    def __repr__(self) -> str:
+        return (f"Int8KVCache(batch_size={self.batch_size}, max_seq={self.max_seq}, "
+                f"lengths={self.lengths}, nbytes={self.nbytes:,})")
+
+
+# ---------------------------------------------------------------------- measuring quality
+
+def validation_windows(n_windows: int, seq_len: int = 512) -> Tensor:
+    """The first ``n_windows`` held-out windows the model card's validation loss uses
+    (same corpus seed, tokenizer and windowing as ``train.py``), as (n, seq_len + 1) ids."""
+    from .corpus import build_corpus
+    from .train import TRAIN_PRESETS, eval_windows, token_stream
+    _, val_texts = build_corpus(seed=TRAIN_PRESETS["target"].seed)
+    stream, used = [], 0
+    for text in val_texts:  # tokenize only as many documents as the windows need
+        stream.append(token_stream([text]))
+        used += len(stream[-1])
+        if used > n_windows * seq_len:
+            break
+    return eval_windows(torch.cat(stream), seq_len, n_windows * seq_len)
+
+
+@torch.no_grad()
+def quality(reference: TinyLlama, candidate: TinyLlama, windows: Tensor,
+            cache_cls: type[KVCache] | None = None) -> dict[str, float]:
+    """How far ``candidate`` (run with a ``cache_cls`` cache when given) strays from
+    ``reference`` (no cache) on held-out windows, teacher-forced.
+
+    ``max_abs_logit_error`` and ``rel_rms_logit_error`` compare logits position by position;
+    ``greedy_agreement`` is the fraction of positions with the same argmax next token;
+    ``val_loss_delta`` is the relative change of the mean cross-entropy (0.004 = +0.4%).
+    """
+    reference.eval(), candidate.eval()
+    windows = windows.to(reference.device)
+    ids, targets = windows[:, :-1], windows[:, 1:]
+    want = reference(ids)
+    if cache_cls is None:
+        got = candidate(ids)
+    else:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        got = candidate(ids, positions, cache_cls.for_model(candidate, len(ids), ids.shape[1]))
+    loss = [F.cross_entropy(x.flatten(0, 1), targets.flatten()).item() for x in (want, got)]
+    diff = (got - want).float()
+    return {"max_abs_logit_error": diff.abs().max().item(),
+            "rel_rms_logit_error": (diff.pow(2).mean().sqrt() / want.pow(2).mean().sqrt()).item(),
+            "greedy_agreement": (got.argmax(-1) == want.argmax(-1)).float().mean().item(),
+            "val_loss": loss[1], "reference_val_loss": loss[0],
+            "val_loss_delta": (loss[1] - loss[0]) / loss[0], "tokens": targets.numel()}
