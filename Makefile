@@ -14,17 +14,22 @@ TORCH_SPEC   ?= torch==2.13.0
 TORCH_INDEX  ?=
 LAB_PORT     ?= 8888
 LAB_IP       ?= 127.0.0.1
+# The folder JupyterLab serves (and where nbgrader finds nbgrader_config.py), and the
+# notebook it opens first. The e2e tests point LAB_ROOT at a throwaway copy.
+LAB_ROOT     ?= $(CURDIR)
+LAB_START    ?= START_HERE.ipynb
 PYTEST_ARGS  ?=
 
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test venv system-deps train bench release clean help \
+.PHONY: lab test e2e venv system-deps train bench release clean help \
         collect autograde feedback export grade-bench check
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
-	@echo "make test    run the whole test suite"
+	@echo "make test    run the whole test suite (browser tests included)"
+	@echo "make e2e     run only the browser tests (JupyterLab in headless Chromium)"
 	@echo "make train   retrain the shipped models (target and draft)"
 
 # The stamp depends on pyproject.toml, so a changed dependency list reinstalls.
@@ -42,23 +47,38 @@ $(VENV)/.stamp-test: $(VENV)/.stamp-base
 
 venv: $(VENV)/.stamp-base
 
-# OS packages the grading sandbox needs (bubblewrap); installed when we are root.
+# OS packages: bubblewrap for the grading sandbox, chromium for the browser (e2e) tests.
+# Installed with apt when we are root; elsewhere the tests that need them say so and skip
+# (except in CI, where they fail).
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
+	@missing=""; \
+	command -v bwrap >/dev/null 2>&1 || missing="$$missing bubblewrap"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null) \
-	      || echo "warning: could not install bubblewrap; sandboxed grading tests will fail"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null) \
+	      || echo "warning: could not install$$missing; sandboxed grading or browser tests will fail"; \
 	  else \
-	    echo "note: bubblewrap (bwrap) is not installed; install it for sandboxed grading"; \
-	  fi; }
+	    echo "note: not installed:$$missing (bwrap sandboxes grading, chromium runs the browser tests)"; \
+	  fi; \
+	fi
 
+# Opens on the course's landing page. No news pop-up and no update checks: the server never
+# fetches them, and .jupyter/lab/settings/overrides.json sets the defaults to "never ask".
+# Runs from LAB_ROOT so nbgrader's Validate button and formgrader read its nbgrader_config.py.
 lab: $(VENV)/.stamp-base
-	$(VENV)/bin/jupyter lab --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) $(ROOT_FLAG) \
-	  --ServerApp.root_dir="$(CURDIR)" --IdentityProvider.token='' \
+	cd "$(LAB_ROOT)" && "$(abspath $(VENV))/bin/jupyter" lab --no-browser --ip=$(LAB_IP) \
+	  --port=$(LAB_PORT) $(ROOT_FLAG) --ServerApp.root_dir="$(LAB_ROOT)" \
+	  --IdentityProvider.token='' --LabApp.default_url="/lab/tree/$(LAB_START)" \
+	  --LabApp.app_settings_dir="$(CURDIR)/.jupyter/lab/settings" \
 	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
 
 test: $(VENV)/.stamp-test system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The browser tests alone: a learner and an instructor in JupyterLab (screenshots: artifacts/e2e/).
+e2e: $(VENV)/.stamp-test system-deps
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 train: $(VENV)/.stamp-base
 	$(PY) -m tinyserve train --preset target

@@ -6,10 +6,13 @@ afterwards hides the answer again: a new case deserves a new prediction.
 
 The logic lives in :class:`KVCacheLab`, a plain class with no widgets in it, so a test (or a
 reader without a browser) can drive it: ``set_guess``, ``commit``, ``revealed_text``.
-:meth:`KVCacheLab.ui` wraps the same object in ipywidgets for JupyterLab.
+:meth:`KVCacheLab.ui` wraps the same object in ipywidgets for JupyterLab. After a commit the widget
+also draws the case's cache against the tokens held, with the guess on the same axes
+(:func:`growth_chart_png`).
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -150,6 +153,45 @@ class KVCacheLab:
         return self._ui.box
 
 
+def growth_chart_png(case: KVCase, guess_gb: float | None = None) -> bytes:
+    """A PNG of the case's KV memory against the tokens each sequence holds, in GB.
+
+    The line is straight through zero (every token adds the same bytes), the case is a dot on
+    it, and a committed guess is a dashed level, so a learner sees which way and how far the
+    guess missed. Uses matplotlib's object API (no pyplot state, no display backend)."""
+    from matplotlib.figure import Figure
+
+    answer_gb = case.total_bytes / GB
+    xs = [0, 2 * case.tokens]
+    fig = Figure(figsize=(5.6, 3.0), dpi=90)
+    ax = fig.add_subplot()
+    ax.plot(xs, [0, 2 * answer_gb], "-", color="tab:blue",
+            label=f"{case.layers} layers, {case.kv_heads} KV heads, {case.dtype}"
+                  + (f", {case.concurrency} sequences" if case.concurrency > 1 else ""))
+    ax.plot([case.tokens], [answer_gb], "o", color="tab:blue")
+    ax.annotate(f"this case: {answer_gb:,.3f} GB", (case.tokens, answer_gb),
+                textcoords="offset points", xytext=(-8, 8), ha="right")
+    top = 2.2 * answer_gb
+    if guess_gb is not None:
+        if guess_gb <= 10 * answer_gb:
+            top = max(top, 1.15 * guess_gb)
+            ax.axhline(guess_gb, color="tab:orange", linestyle="--",
+                       label=f"your guess: {guess_gb:g} GB")
+        else:   # a level far above would squash the line flat; say it in words instead
+            ax.plot([], [], " ", label=f"your guess, {guess_gb:g} GB, is off the chart")
+    ax.set_ylim(0, top)
+    ax.set_xlim(0, xs[1])
+    ax.set_xlabel("tokens held per sequence")
+    ax.set_ylabel("KV cache (GB, 10^9 bytes)")
+    ax.set_title("KV memory grows linearly with the tokens held")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 class _LabWidgets:
     """Controls bound to a :class:`KVCacheLab`; holds no state of its own."""
 
@@ -176,6 +218,7 @@ class _LabWidgets:
         self.commit_button = w.Button(description="Commit guess", button_style="primary")
         self.status = w.HTML()
         self.answer = w.HTML()
+        self.chart = w.Image(format="png", layout=w.Layout(display="none"))
         for name, control in self.inputs.items():
             control.observe(lambda change, name=name: self._on_input(name, change["new"]),
                             names="value")
@@ -184,7 +227,8 @@ class _LabWidgets:
         self.box = w.VBox([
             w.HTML("<b>Predict first.</b> Roughly how many GB of KV cache does this case need? "
                    "Type a guess, commit it, then see the answer."),
-            *self.inputs.values(), self.guess, self.commit_button, self.status, self.answer])
+            *self.inputs.values(), self.guess, self.commit_button, self.status, self.answer,
+            self.chart])
         self.refresh()
 
     def _on_input(self, name: str, value: Any) -> None:
@@ -212,3 +256,10 @@ class _LabWidgets:
         self.commit_button.disabled = lab.committed
         self.status.value = f"<i>{html.escape(lab.message)}</i>" if lab.message else ""
         self.answer.value = f"<pre>{html.escape(lab.revealed_text())}</pre>"
+        # The chart is part of the answer: drawn on commit, hidden with it when the case changes.
+        if lab.committed:
+            self.chart.value = growth_chart_png(lab.case, lab.guess_gb)
+            self.chart.layout.display = None
+        else:
+            self.chart.layout.display = "none"
+            self.chart.value = b""
