@@ -1,0 +1,230 @@
+"""Tensor and pipeline parallelism equal the single-process model.
+
+The split math is checked in one process first (shards summed by hand, stages chained by
+hand), which is fast. Then real ranks run with torch.distributed (gloo, 2 processes): one
+launch per scheme does every check at once, since starting the ranks (two fresh interpreters
+importing torch) is most of the cost, about 3-4 s on 2 cores.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import tinyserve
+from conftest import random_prompt, sharp_model
+from tinyserve.config import PRESETS, ModelConfig
+from tinyserve.generate import generate
+from tinyserve.launch import RankError, launch
+from tinyserve.parallel import (CountingAllReduce, column_shard, row_shard, shard_model,
+                                tp_check_worker, tp_forward_in_process)
+from tinyserve.pipeline import (Stage, bubble_formula, ideal_timelines, measured_bubble,
+                                pp_check_worker, split_micro_batches, stage_bounds)
+
+# 8 query / 4 KV heads, so 1, 2 and 4 ranks all own whole KV groups.
+SMALL = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=64)
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def small() -> tinyserve.TinyLlama:
+    return sharp_model(SMALL, seed=0)
+
+
+@pytest.fixture(scope="module")
+def target() -> tinyserve.TinyLlama:
+    return tinyserve.load_model("target", device="cpu")
+
+
+# ---------------------------------------------------------------- the split, in one process
+
+def test_column_then_row_shards_sum_to_the_unsplit_pair() -> None:
+    torch.manual_seed(0)
+    up, down = torch.nn.Linear(16, 24, bias=False), torch.nn.Linear(24, 16, bias=False)
+    x = torch.randn(3, 16)
+    want = down(torch.relu(up(x)))
+    parts = [row_shard(down, r, 4)(torch.relu(column_shard(up, r, 4)(x))) for r in range(4)]
+    assert parts[0].shape == want.shape  # each rank's output is full size, a partial sum
+    close(sum(parts), want)
+    assert not torch.allclose(parts[0], want, atol=1e-3)  # one part alone is not the answer
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_tensor_parallel_split_equals_the_model(small, world_size: int) -> None:
+    ids = torch.tensor([random_prompt(SMALL.vocab_size, 20, seed=1),
+                        random_prompt(SMALL.vocab_size, 20, seed=2)])
+    with torch.no_grad():
+        want = small(ids)
+        got, reductions = tp_forward_in_process(small, world_size, ids)
+    close(got, want)
+    assert reductions == 2 * SMALL.num_hidden_layers  # one after attention, one after the MLP
+
+
+def test_counted_all_reduces_per_forward(small) -> None:
+    counter = CountingAllReduce(inner=lambda t: t)  # one rank: the sum of one part is itself
+    shard = shard_model(small, 0, 1, counter)
+    ids = torch.tensor([random_prompt(SMALL.vocab_size, 7)])
+    with torch.no_grad():
+        close(shard(ids), small(ids))
+    assert counter.calls == 2 * SMALL.num_hidden_layers
+    assert counter.elements == counter.calls * 7 * SMALL.hidden_size  # batch x tokens x hidden
+
+
+def test_target_shard_holds_its_query_heads_and_their_kv_head(target) -> None:
+    cfg = target.config
+    shard = shard_model(target, 1, 2)
+    attn, full = shard.layers[0].self_attn, target.model.layers[0].self_attn
+    d = cfg.head_dim
+    assert (attn.n_heads, attn.n_kv) == (4, 1)
+    # Rank 1: query heads 4-7, which read KV head 1 (head h reads KV head h // 4).
+    assert torch.equal(attn.q_proj.weight, full.q_proj.weight[4 * d:8 * d])
+    assert torch.equal(attn.k_proj.weight, full.k_proj.weight[d:2 * d])
+    assert torch.equal(attn.v_proj.weight, full.v_proj.weight[d:2 * d])
+    assert torch.equal(attn.o_proj.weight, full.o_proj.weight[:, 4 * d:8 * d])
+    mlp, full_mlp = shard.layers[0].mlp, target.model.layers[0].mlp
+    half = cfg.intermediate_size // 2
+    assert torch.equal(mlp.down_proj.weight, full_mlp.down_proj.weight[:, half:])
+    assert shard.new_cache(1, 64).nbytes * 2 == tinyserve.kv_cache.KVCache(cfg, 1, 64).nbytes
+
+
+def test_a_split_that_breaks_a_kv_group_names_the_limit(target) -> None:
+    with pytest.raises(ValueError, match="num_key_value_heads=2"):
+        shard_model(target, 0, 3)
+    with pytest.raises(ValueError, match="num_key_value_heads=1"):
+        shard_model(sharp_model(PRESETS["draft"], seed=0), 0, 2)
+
+
+# ---------------------------------------------------------------- pipeline, in one process
+
+def test_stage_bounds() -> None:
+    assert stage_bounds(6, 2) == [(0, 3), (3, 6)]
+    assert stage_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
+    assert stage_bounds(6, 2, split=[4, 2]) == [(0, 4), (4, 6)]
+    with pytest.raises(ValueError, match="between 1 and 6 stages"):
+        stage_bounds(6, 7)
+    with pytest.raises(ValueError, match="add up to the model's 6 layers"):
+        stage_bounds(6, 2, split=[3, 2])
+
+
+def test_ideal_schedule_bubble_is_the_formula() -> None:
+    for p, m in [(2, 1), (2, 4), (4, 8), (3, 5)]:
+        assert measured_bubble(ideal_timelines(p, m, step=0.01)) == pytest.approx(
+            (p - 1) / (m + p - 1))
+        assert bubble_formula(p, m) == pytest.approx((p - 1) / (m + p - 1))
+    assert bubble_formula(2, 1) == 0.5 and bubble_formula(1, 3) == 0.0
+
+
+def test_micro_batches_must_divide_the_batch() -> None:
+    ids = torch.zeros(6, 4, dtype=torch.long)
+    assert [c.shape[0] for c in split_micro_batches(ids, 3)] == [2, 2, 2]
+    with pytest.raises(ValueError, match="divides 6"):
+        split_micro_batches(ids, 4)
+
+
+def test_stages_chained_by_hand_equal_the_model(small) -> None:
+    stages = [Stage(small, s, 3) for s in range(3)]
+    ids = torch.tensor([random_prompt(SMALL.vocab_size, 9)])
+    with torch.no_grad():
+        x = ids
+        for stage in stages:
+            x = stage(x)
+        close(x, small(ids))
+        # With per-stage caches: prefill 8 tokens, then decode the 9th.
+        caches = [s.new_cache(1, 9) for s in stages]
+        pos = torch.arange(9)[None]
+        x, y = ids[:, :8], ids[:, 8:]
+        for stage, cache in zip(stages, caches):
+            x = stage(x, pos[:, :8], cache)
+        for stage, cache in zip(stages, caches):
+            y = stage(y, pos[:, 8:], cache)
+    close(y[:, -1], small(ids)[:, -1])
+
+
+# ---------------------------------------------------------------- real ranks (gloo, 2 processes)
+
+PROMPT_TOKENS, NEW_TOKENS = 12, 12
+
+
+@pytest.fixture(scope="module")
+def tp_ranks(target):
+    ids = torch.tensor([random_prompt(4096, 16, seed=3), random_prompt(4096, 16, seed=4)])
+    prompt = random_prompt(4096, PROMPT_TOKENS, seed=5)
+    return ids, prompt, launch(tp_check_worker, 2, target, ids, prompt, NEW_TOKENS, timeout_s=60)
+
+
+def test_tensor_parallel_ranks_equal_the_model(target, tp_ranks) -> None:
+    ids, _, ranks = tp_ranks
+    with torch.no_grad():
+        want = target(ids)
+    for r in ranks:
+        close(r["logits"], want)
+    assert torch.equal(ranks[0]["logits"], ranks[1]["logits"])  # the all-reduce agrees
+
+
+def test_tensor_parallel_all_reduces_and_cache_per_rank(target, tp_ranks) -> None:
+    _, _, ranks = tp_ranks
+    for r in ranks:
+        assert r["all_reduces_per_forward"] == 2 * target.config.num_hidden_layers == 12
+        assert (r["q_heads"], r["cache_kv_heads"]) == (4, 1)
+
+
+def test_tensor_parallel_greedy_tokens_with_cache(target, tp_ranks) -> None:
+    _, prompt, ranks = tp_ranks
+    want = generate(target, prompt, NEW_TOKENS).tokens
+    assert [r["tokens"] for r in ranks] == [want, want]
+
+
+@pytest.fixture(scope="module")
+def pp_ranks(small):
+    ids = torch.tensor([random_prompt(SMALL.vocab_size, 10, seed=s) for s in range(4)])
+    prompt = random_prompt(SMALL.vocab_size, PROMPT_TOKENS, seed=6)
+    return ids, prompt, launch(pp_check_worker, 2, small, ids, 2, prompt, NEW_TOKENS,
+                               timeout_s=60)
+
+
+def test_pipeline_ranks_equal_the_model(small, pp_ranks) -> None:
+    ids, prompt, (first, last) = pp_ranks
+    assert (first["layers"], last["layers"]) == ((0, 2), (2, 3))
+    assert first["logits"] is None
+    with torch.no_grad():
+        close(last["logits"], small(ids))
+    want = generate(small, prompt, NEW_TOKENS).tokens
+    assert first["tokens"] == last["tokens"] == want
+    # Two micro-batches: each stage ran two computations, the second stage after the first.
+    assert len(first["timeline"]) == len(last["timeline"]) == 2
+    assert last["timeline"][0][0] >= first["timeline"][0][1]
+
+
+# ---------------------------------------------------------------- the launcher's guard rails
+
+def failing_worker(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("rank 1 gave up")
+    torch.distributed.recv(torch.zeros(1), src=1)  # would wait for ever without the guard
+
+
+def sleeping_worker(rank: int, world_size: int) -> None:
+    time.sleep(60)
+
+
+def test_a_failing_rank_stops_the_launch_with_its_error() -> None:
+    with pytest.raises(RankError, match="(?s)rank1 failed first.*rank 1 gave up"):
+        launch(failing_worker, 2, timeout_s=30)
+
+
+def test_a_hung_launch_times_out() -> None:
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 5 s"):
+        launch(sleeping_worker, 2, timeout_s=5)
+    assert time.monotonic() - start < 20
+
+
+def test_workers_must_be_importable() -> None:
+    def local(rank: int, world_size: int) -> None: ...
+    with pytest.raises(ValueError, match="define the worker in a .py module"):
+        launch(local, 2)
