@@ -1,7 +1,8 @@
 """One command line for the course: ``python -m tinyserve COMMAND``.
 
   generate    continue a prompt with a shipped model
-  bench       run a benchmark suite (kv, hf) and report ratios
+  bench       run a benchmark suite (python -m tinyserve bench --help lists them)
+  calibrate   fit the scheduling simulator's cost model to the real model on this machine
   train       train a preset (target or draft) and ship its weights
   export-hf   write a Hugging Face Llama folder
   model-card  recompute the figures the README's model card quotes
@@ -66,6 +67,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .checkpoint import load_model
+    from .provenance import git_commit, machine_info
+    from .simulator import calibrate, measure_steps, save_cost_model
+    model = load_model(args.model)
+    records = measure_steps(model, requests=args.requests)
+    cost, fit = calibrate(records)
+    print(f"{cost}\nfit: R^2 {fit['r2']:.3f}, median |relative error| "
+          f"{fit['median_abs_rel_error']:.1%} over {fit['steps']} steps")
+    if args.write:
+        meta = {"model": args.model, "threads": torch.get_num_threads(),
+                "machine": machine_info(), "git_commit": git_commit()}
+        save_cost_model(cost, fit, meta, args.write)
+        print(f"wrote {args.write}")
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from .train import train
     if args.steps is not None and args.steps < 1:
@@ -116,12 +136,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recompute the whole sequence every step (the reference loop)")
     g.set_defaults(func=_cmd_generate)
 
-    b = sub.add_parser("bench", help="run a benchmark suite (kv, hf)")
-    b.add_argument("suite", help="kv: cached vs uncached decode; hf: vs transformers generate()")
+    import bench
+    b = sub.add_parser("bench", help="run a benchmark suite and report ratios",
+                       description="suites:\n" + "\n".join(f"  {k:9s} {v}" for k, v in
+                                                            bench.SUITES.items()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("suite", help="one of: " + ", ".join(bench.SUITES))
     b.add_argument("--json", help="also write the report as JSON to this path")
     b.add_argument("--quick", action="store_true",
                    help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
     b.set_defaults(func=_cmd_bench)
+
+    k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
+    k.add_argument("--model", default="target", choices=["target", "draft"])
+    k.add_argument("--requests", type=int, default=48, help="requests in the measured workload")
+    k.add_argument("--write", metavar="PATH",
+                   help="save the fit (the shipped one: tinyserve/assets/cost_model.json)")
+    k.set_defaults(func=_cmd_calibrate)
 
     t = sub.add_parser("train", help="train a preset and ship its weights")
     t.add_argument("--preset", required=True, choices=["target", "draft"])

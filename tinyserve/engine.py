@@ -49,6 +49,16 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """What one step computed and how long it took (the simulator's calibration data)."""
+
+    num_tokens: int
+    num_rows: int
+    attention_pairs: int
+    seconds: float
+
+
+@dataclass(frozen=True)
 class StepEvent:
     seq_id: str
     token_id: int
@@ -109,7 +119,8 @@ class ModelExecutor:
 
 class Engine:
     def __init__(self, model: TinyLlama | None = None, config: EngineConfig | None = None, *,
-                 executor: Executor | None = None, context_window: int | None = None) -> None:
+                 executor: Executor | None = None, context_window: int | None = None,
+                 record_steps: bool = False) -> None:
         self.config = config = config or EngineConfig()
         if executor is None:
             if model is None:
@@ -127,6 +138,7 @@ class Engine:
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
         self.steps = 0
+        self.step_log: list[StepRecord] | None = [] if record_steps else None
 
     def now(self) -> float:
         return self.executor.now()
@@ -177,8 +189,11 @@ class Engine:
                 seq.trace.admitted = start
             if seq.trace.prefill_start is None:
                 seq.trace.prefill_start = start
+        features = (batch.num_tokens, len(batch), batch.attention_pairs)
         tokens = self.executor.execute(batch, self.blocks)
         now = self.now()
+        if self.step_log is not None:
+            self.step_log.append(StepRecord(*features, now - start))
         self.steps += 1
         events = []
         for seq, n, token in zip(batch.seqs, batch.num_new_tokens, tokens):
@@ -223,5 +238,5 @@ def generate_many(model: TinyLlama, prompts: list[list[int]], max_tokens: int,
     return [s.output_ids for s in seqs]
 
 
-__all__ = ["Engine", "EngineConfig", "ModelExecutor", "StepEvent", "generate_many",
+__all__ = ["Engine", "EngineConfig", "ModelExecutor", "StepEvent", "StepRecord", "generate_many",
            "PromptError", "SeqStatus"]

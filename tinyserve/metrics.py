@@ -143,3 +143,35 @@ def summary_line(trace: RequestTrace) -> str:
     parts.append(f"overall {output_tokens_per_s(trace):.1f} tok/s")
     parts.append("KV cache" if trace.use_cache else "no cache")
     return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives a request must meet to count toward goodput (None = no limit)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def met(self, trace: RequestTrace) -> bool:
+        checks = ((self.ttft_ms, ttft(trace)), (self.tpot_ms, tpot(trace)),
+                  (self.e2el_ms, e2e(trace)))
+        return all(limit is None or value is None or value * 1e3 <= limit
+                   for limit, value in checks)
+
+
+def throughput(traces: Sequence[RequestTrace], slo: SLO | None = None) -> dict[str, float]:
+    """Request and output-token throughput over the run's span (first arrival to last
+    finish), and **goodput**: completed requests per second that met every SLO.
+
+    Goodput is what a fleet is sized on: requests served too late count for nothing, so a
+    policy that raises throughput by making some users wait past the SLO can lower it."""
+    if not traces:
+        raise ValueError("no requests to measure")
+    span = max(_require(t.finish, "finish") for t in traces) - min(t.arrival for t in traces)
+    good = sum(1 for t in traces if slo is None or slo.met(t))
+    return {"duration_s": span,
+            "request_throughput": len(traces) / span,
+            "output_throughput": sum(t.output_tokens for t in traces) / span,
+            "goodput": good / span,
+            "slo_attainment": good / len(traces)}

@@ -56,6 +56,12 @@ class ScheduledBatch:
         return sum(n for s, n in zip(self.seqs, self.num_new_tokens) if n > 1 or s.in_prefill)
 
     @property
+    def attention_pairs(self) -> int:
+        """Query-key pairs attention scores this step: each new token sees its whole context.
+        Read before the step runs (it uses ``num_computed``)."""
+        return sum(n * (s.num_computed + n) for s, n in zip(self.seqs, self.num_new_tokens))
+
+    @property
     def num_decodes(self) -> int:
         return sum(1 for s, n in zip(self.seqs, self.num_new_tokens) if n == 1 and not s.in_prefill)
 

@@ -1,0 +1,177 @@
+"""The engine on a virtual clock: a calibrated cost model instead of the model.
+
+Scheduling questions (which policy, what token budget, how many slots, what happens at 2x
+the load) need thousands of requests, and a real run of thousands of requests takes hours on
+a laptop and never gives the same numbers twice. The simulator keeps the *same* engine,
+scheduler and block manager and swaps only the executor: a step costs
+
+    seconds = step + token * tokens + row * rows + pair * query-key pairs
+
+where ``tokens`` is everything computed in the step (prefill chunks + decodes), ``rows`` the
+sequences in it and ``pairs`` the attention scores (each new token times its context). The
+constants come from a least-squares fit to steps of the real model measured on this machine
+(:func:`calibrate`); the shipped fit is in ``assets/cost_model.json``, with its error.
+Produced tokens are placeholders: requests end at their ``max_tokens``.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .block_manager import BlockManager
+from .engine import Engine, EngineConfig, StepRecord
+from .metrics import RequestTrace
+from .scheduler import ScheduledBatch
+from .sequence import Sequence as Seq
+from .workload import RequestSpec, prompt_ids
+
+COST_MODEL_PATH = Path(__file__).parent / "assets" / "cost_model.json"
+FILLER_TOKEN = 6   # what a simulated step "generates"; never a stop token
+
+
+@dataclass(frozen=True)
+class CostModel:
+    step: float = 2.0e-3     # seconds per step: Python, kernel launches, per-layer overheads
+    token: float = 2.0e-5    # seconds per token computed (weights read once per step)
+    row: float = 1.0e-5      # seconds per sequence in the step (gathers, sampling)
+    pair: float = 1.0e-8     # seconds per query-key pair scored by attention
+
+    def seconds(self, num_tokens: int, num_rows: int, attention_pairs: int) -> float:
+        return (self.step + self.token * num_tokens + self.row * num_rows
+                + self.pair * attention_pairs)
+
+    @classmethod
+    def load(cls, path: str | Path = COST_MODEL_PATH) -> "CostModel":
+        data = json.loads(Path(path).read_text())
+        return cls(**data["constants"])
+
+
+def calibrate(records: Sequence[StepRecord]) -> tuple[CostModel, dict[str, float]]:
+    """Least-squares fit of the cost model to measured steps, and how well it fits.
+
+    Constants are kept non-negative (a negative cost per token would be an artefact of noise):
+    a term that fits negative is dropped and the rest refitted.
+    """
+    if len(records) < 8:
+        raise ValueError(f"need at least 8 measured steps to fit 4 constants, got {len(records)}")
+    X = np.array([[1.0, r.num_tokens, r.num_rows, r.attention_pairs] for r in records])
+    y = np.array([r.seconds for r in records])
+    keep = [0, 1, 2, 3]
+    while True:
+        coef, *_ = np.linalg.lstsq(X[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = np.zeros(4)
+    full[keep] = np.clip(coef, 0, None)
+    pred = X @ full
+    ss_res = float(((y - pred) ** 2).sum())
+    ss_tot = float(((y - y.mean()) ** 2).sum()) or 1.0
+    fit = {"r2": 1 - ss_res / ss_tot,
+           "median_abs_rel_error": float(np.median(np.abs(pred - y) / y)),
+           "steps": len(records)}
+    return CostModel(*full.tolist()), fit
+
+
+class SimulatedExecutor:
+    """Charges each step its modelled cost on a virtual clock; runs no model."""
+
+    def __init__(self, cost: CostModel | None = None) -> None:
+        self.cost = cost or CostModel.load()
+        self.clock = 0.0
+
+    def now(self) -> float:
+        return self.clock
+
+    def wait_until(self, t: float) -> None:
+        self.clock = max(self.clock, t)
+
+    def execute(self, batch: ScheduledBatch, blocks: BlockManager) -> list[int | None]:
+        self.clock += self.cost.seconds(batch.num_tokens, len(batch), batch.attention_pairs)
+        return [FILLER_TOKEN if s.num_computed + n >= s.num_tokens else None
+                for s, n in zip(batch.seqs, batch.num_new_tokens)]
+
+
+def simulated_engine(config: EngineConfig, cost: CostModel | None = None,
+                     context_window: int = 512) -> Engine:
+    return Engine(config=config, executor=SimulatedExecutor(cost), context_window=context_window)
+
+
+def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
+          seed: int = 0, max_queue: int | None = None) -> list[Seq]:
+    """Feed ``specs`` to ``engine`` at their arrival times and step until all are done.
+
+    Works the same on a real engine (wall clock; it sleeps when idle) and a simulated one
+    (virtual clock; it jumps). A request's arrival is its scheduled time, so time spent
+    waiting for a busy engine to look at the queue counts as queueing, as it would for a
+    user. With ``max_queue``, a request that finds that many already waiting is rejected
+    (finish reason ``"rejected"``) instead of queued: the overload policy of chapter 5.
+    """
+    order = sorted(range(len(specs)), key=lambda i: specs[i].arrival)
+    t0 = engine.now()
+    seqs: list[Seq] = []
+    pending = 0
+    while pending < len(order) or engine.has_unfinished():
+        now = engine.now() - t0
+        while pending < len(order) and specs[order[pending]].arrival <= now:
+            i = order[pending]
+            spec = specs[i]
+            ids = prompt_ids(spec, i, vocab_size, seed)
+            if max_queue is not None and engine.num_waiting >= max_queue:
+                seqs.append(_rejected(ids, spec, t0 + spec.arrival, engine.now()))
+            else:
+                seqs.append(engine.add_request(ids, spec.output_len, request_id=f"r{i}",
+                                               arrival=t0 + spec.arrival))
+            pending += 1
+        if engine.has_unfinished():
+            engine.step()
+        elif pending < len(order):
+            engine.executor.wait_until(t0 + specs[order[pending]].arrival)
+    return seqs
+
+
+def _rejected(ids: list[int], spec: RequestSpec, arrival: float, now: float) -> Seq:
+    from .sequence import SeqStatus
+    seq = Seq(f"rejected-{arrival}", ids, spec.output_len, arrival=arrival)
+    seq.status, seq.finish_reason = SeqStatus.FINISHED, "rejected"
+    seq.trace.finish, seq.trace.finish_reason = now, "rejected"
+    return seq
+
+
+def completed_traces(seqs: Sequence[Seq]) -> list[RequestTrace]:
+    return [s.trace for s in seqs if s.finish_reason in ("stop", "length", "window")]
+
+
+def save_cost_model(cost: CostModel, fit: dict[str, Any], meta: dict[str, Any],
+                    path: str | Path = COST_MODEL_PATH) -> None:
+    Path(path).write_text(json.dumps({"constants": asdict(cost), "fit": fit, **meta},
+                                     indent=2) + "\n")
+
+
+def measure_steps(model: Any, *, requests: int = 48, seed: int = 0,
+                  budgets: Sequence[int] = (32, 128, 512)) -> list[StepRecord]:
+    """Run a mixed workload (short and long prompts, short and long outputs, all arriving
+    at once) through the real engine under several token budgets and record every step.
+
+    Several budgets give the fit steps of every shape: many small decodes, prefill chunks
+    of different sizes, and mixtures of both."""
+    from .workload import Mixture, Uniform, make_workload
+    window = model.config.max_position_embeddings
+    specs = make_workload(requests, float("inf"),
+                          Mixture((Uniform(4, 48), Uniform(100, window // 2)), (0.7, 0.3)),
+                          Uniform(4, 64), seed=seed)
+    records: list[StepRecord] = []
+    for budget in budgets:
+        engine = Engine(model, EngineConfig(num_blocks=requests * window // 16 + 1,
+                                            block_size=16, max_num_seqs=32,
+                                            max_num_batched_tokens=budget),
+                        record_steps=True)
+        serve(engine, specs, model.config.vocab_size, seed)
+        assert engine.step_log is not None
+        records += engine.step_log[1:]   # the first step pays one-off warm-up costs
+    return records
