@@ -12,6 +12,8 @@ from tinyserve.__main__ import main
 EXPECTED_RATIOS = {
     "kv": {"cache_speedup_256", "cache_speedup_512"},
     "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction"},
+    "parallel": {"tp2_speedup_prefill", "tp2_speedup_decode", "tp2_allreduce_share",
+                 "tp2_allreduce_share_prefill", "pp_bubble_measured", "pp_bubble_formula"},
 }
 
 
@@ -25,7 +27,7 @@ def _check_report(data: dict, suite: str) -> None:
     assert data["date"][:2] == "20"
 
 
-@pytest.mark.parametrize("suite", ["kv", "hf"])
+@pytest.mark.parametrize("suite", ["kv", "hf", "parallel"])
 def test_suite_writes_its_report(suite: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / f"{suite}.json"
@@ -40,6 +42,10 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         steps = data["measurements"]["step_cost"]
         assert [s["position"] for s in steps] == sorted(s["position"] for s in steps)
         assert data["measurements"]["generation"]["512"]["generated"] == 63  # fills the window
+    elif suite == "parallel":  # two ranks ran: 2 all-reduces per block, a share of the time
+        assert data["measurements"]["tp"]["all_reduces_per_forward"] == 4
+        assert 0 < data["ratios"]["tp2_allreduce_share"] < 1
+        assert data["ratios"]["pp_bubble_formula"] == 0.2  # (p - 1) / (m + p - 1), p=2, m=4
     else:
         roof = data["measurements"]["roofline"]
         assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
