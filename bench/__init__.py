@@ -13,6 +13,7 @@ from typing import Any
 SUITES = {
     "kv": "cached vs uncached decode: per-token cost by position, speed-up at 256 and 512",
     "hf": "our cached greedy loop vs transformers generate() (batch 1 and 8), decode roofline",
+    "quant": "int8 weights / KV cache and bf16 vs fp32: memory, decode speed, quality",
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
 }
 

@@ -12,6 +12,9 @@ from tinyserve.__main__ import main
 EXPECTED_RATIOS = {
     "kv": {"cache_speedup_256", "cache_speedup_512"},
     "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction"},
+    "quant": {"int8_weight_memory_ratio", "int8_kv_memory_ratio", "int8_val_loss_delta",
+              "int8_kv_val_loss_delta", "int8_decode_speedup", "int8_kv_decode_speedup_long",
+              "bf16_decode_speedup"},
     "parallel": {"tp2_speedup_prefill", "tp2_speedup_decode", "tp2_allreduce_share",
                  "tp2_allreduce_share_prefill", "pp_bubble_measured", "pp_bubble_formula"},
 }
@@ -22,12 +25,14 @@ def _check_report(data: dict, suite: str) -> None:
             "conditions", "quick"} <= set(data)
     assert data["suite"] == suite and data["quick"] is True
     assert set(data["ratios"]) == EXPECTED_RATIOS[suite]
-    assert all(isinstance(v, float) and v > 0 for v in data["ratios"].values())
+    # A "_delta" is a signed relative change (quality), not a speed ratio: any finite float.
+    assert all(isinstance(v, float) and (v > 0 or k.endswith("_delta"))
+               for k, v in data["ratios"].items())
     assert data["machine"]["torch"] and data["machine"]["cpu_count"]
     assert data["date"][:2] == "20"
 
 
-@pytest.mark.parametrize("suite", ["kv", "hf", "parallel"])
+@pytest.mark.parametrize("suite", ["kv", "hf", "quant", "parallel"])
 def test_suite_writes_its_report(suite: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / f"{suite}.json"
@@ -42,13 +47,17 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         steps = data["measurements"]["step_cost"]
         assert [s["position"] for s in steps] == sorted(s["position"] for s in steps)
         assert data["measurements"]["generation"]["512"]["generated"] == 63  # fills the window
+    elif suite == "hf":
+        roof = data["measurements"]["roofline"]
+        assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
     elif suite == "parallel":  # two ranks ran: 2 all-reduces per block, a share of the time
         assert data["measurements"]["tp"]["all_reduces_per_forward"] == 4
         assert 0 < data["ratios"]["tp2_allreduce_share"] < 1
         assert data["ratios"]["pp_bubble_formula"] == 0.2  # (p - 1) / (m + p - 1), p=2, m=4
-    else:
-        roof = data["measurements"]["roofline"]
-        assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
+    else:  # quant: the int8 variants really hold fewer bytes than fp32
+        v = data["measurements"]["variants"]
+        assert v["int8 weights"]["weight_bytes"] < v["bf16"]["weight_bytes"] < v["fp32"]["weight_bytes"]
+        assert v["int8 KV"]["kv_bytes_full_window"] < v["fp32"]["kv_bytes_full_window"]
 
 
 def test_unknown_suite_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
