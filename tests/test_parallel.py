@@ -90,6 +90,13 @@ def test_target_shard_holds_its_query_heads_and_their_kv_head(target) -> None:
     half = cfg.intermediate_size // 2
     assert torch.equal(mlp.down_proj.weight, full_mlp.down_proj.weight[:, half:])
     assert shard.new_cache(1, 64).nbytes * 2 == tinyserve.kv_cache.KVCache(cfg, 1, 64).nbytes
+    # Each rank stores half of every block's matmuls; embedding (tied to the LM head) and
+    # norms are replicated.
+    h, kv, L = cfg.hidden_size, cfg.num_key_value_heads * d, cfg.num_hidden_layers
+    matmuls = 2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size
+    assert shard.lm_head.weight is shard.embed_tokens.weight
+    assert sum(p.numel() for p in shard.parameters()) == \
+        cfg.vocab_size * h + L * (matmuls // 2 + 2 * h) + h
 
 
 def test_a_split_that_breaks_a_kv_group_names_the_limit(target) -> None:

@@ -161,6 +161,8 @@ class TPShard(nn.Module):
         self.embed_tokens = copy.deepcopy(model.model.embed_tokens)
         self.norm = copy.deepcopy(model.model.norm)
         self.lm_head = _linear(model.lm_head.weight)
+        if cfg.tie_word_embeddings:  # keep one matrix for reading and scoring tokens
+            self.lm_head.weight = self.embed_tokens.weight
         self.layers = nn.ModuleList()
         for layer in model.model.layers:
             block = nn.Module()
