@@ -214,3 +214,9 @@ def test_mixed_step_equals_separate(model) -> None:
     want = torch.stack([model(torch.tensor([t]))[0, -1] for t in (a, c, b)])
     got = logits[torch.tensor([0, len(c), len(c) + 1])]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_logits_at_selects_positions(model) -> None:
+    ids = torch.tensor([random_prompt(CFG.vocab_size, 12, seed=3)])
+    at = torch.tensor([0, 5, 11])
+    torch.testing.assert_close(model(ids, logits_at=at), model(ids)[:, at])

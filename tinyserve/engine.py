@@ -93,27 +93,36 @@ class ModelExecutor:
         ids: list[int] = []
         positions: list[int] = []
         rows = []
+        bs = blocks.block_size
+        offsets = torch.arange(bs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed
             tokens = seq.token_ids
             ids += tokens[start:start + n]
             positions += range(start, start + n)
-            # Slots come straight from the block table (see BlockManager.slot).
-            table, bs = blocks.tables[seq.seq_id].blocks, blocks.block_size
-            slots = [table[p // bs] * bs + p % bs for p in range(start + n)]
+            # Slot of position p: table[p // block_size] * block_size + p % block_size.
+            table = torch.tensor(blocks.tables[seq.seq_id].blocks)
+            slots = (table[:, None] * bs + offsets).flatten()[:start + n]
             rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start))
         device = self.model.device
         self.cache.prepare(rows)
-        logits = self.model(torch.tensor([ids], device=device),
-                            torch.tensor([positions], device=device), self.cache)[0]
-        out: list[int | None] = []
-        offset = 0
+        # Only a row that reaches the end of its sequence samples; a prefill chunk that is
+        # not the last one produces no token, so its logits are never computed.
+        ends, offset = [], 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             offset += n
-            if seq.num_computed + n < seq.num_tokens:
-                out.append(None)          # a prefill chunk that is not the last: no token yet
+            ends.append(offset - 1 if seq.num_computed + n >= seq.num_tokens else None)
+        at = torch.tensor([e for e in ends if e is not None], device=device, dtype=torch.long)
+        logits = self.model(torch.tensor([ids], device=device),
+                            torch.tensor([positions], device=device), self.cache, logits_at=at)[0]
+        out: list[int | None] = []
+        j = 0
+        for seq, end in zip(batch.seqs, ends):
+            if end is None:
+                out.append(None)
                 continue
-            out.append(int(sample_with(logits[offset - 1:offset], seq.sampling, seq.generator)))
+            out.append(int(sample_with(logits[j:j + 1], seq.sampling, seq.generator)))
+            j += 1
         return out
 
 

@@ -208,8 +208,13 @@ class TinyLlama(nn.Module):
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
-                cache: KVStore | AttentionBackend | None = None) -> Tensor:
+                cache: KVStore | AttentionBackend | None = None,
+                logits_at: Tensor | None = None) -> Tensor:
         """``input_ids`` (B, T) -> logits (B, T, vocab), float32.
+
+        ``logits_at`` (indices into T) keeps only those positions' logits, (B, len, vocab):
+        a serving step samples from one position per sequence, and scoring the whole
+        vocabulary at every prompt position would cost more than the rest of the model.
 
         ``positions`` (B, T) or (T,) defaults to 0..T-1. Positions must lie inside the
         context window; the error says so rather than failing deep inside attention.
@@ -229,4 +234,6 @@ class TinyLlama(nn.Module):
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, positions, cos, sin, cache, contiguous)
+        if logits_at is not None:
+            x = x[:, logits_at]
         return self.lm_head(self.model.norm(x)).float()

@@ -25,55 +25,51 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from .config import ModelConfig
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One sequence's part of a step."""
+    """One sequence's part of a step (slots as lists or 1-D integer tensors)."""
 
-    new_slots: list[int]       # slot of each new token, in order
-    context_slots: list[int]   # slot of every token the row attends to (old + new), in order
-    start: int                 # position of the first new token
+    new_slots: Sequence[int] | Tensor       # slot of each new token, in order
+    context_slots: Sequence[int] | Tensor   # slot of every token the row attends to, in order
+    start: int                              # position of the first new token
 
 
 class StepLayout:
     """Index tensors for one step, computed once and read by every layer."""
 
     def __init__(self, rows: Sequence[RowSpec], device: torch.device) -> None:
-        self.rows = list(rows)
-        self.num_tokens = sum(len(r.new_slots) for r in rows)
-        self.write_slots = torch.tensor([s for r in rows for s in r.new_slots],
-                                        device=device, dtype=torch.long)
+        as_long = lambda x: torch.as_tensor(x, dtype=torch.long)  # noqa: E731
+        new = [as_long(r.new_slots) for r in rows]
+        ctx = [as_long(r.context_slots) for r in rows]
+        sizes = [len(x) for x in new]
+        self.num_tokens = sum(sizes)
+        self.write_slots = torch.cat(new).to(device)
         # Where each row's new tokens sit in the flat token list.
-        offsets, o = [], 0
-        for r in rows:
-            offsets.append(o)
-            o += len(r.new_slots)
-        self.offsets = offsets
-        self.decode_rows = [i for i, r in enumerate(rows) if len(r.new_slots) == 1]
-        self.prefill_rows = [i for i, r in enumerate(rows) if len(r.new_slots) > 1]
+        offsets = [0] * len(rows)
+        for i in range(1, len(rows)):
+            offsets[i] = offsets[i - 1] + sizes[i - 1]
+        self.decode_rows = [i for i, n in enumerate(sizes) if n == 1]
+        self.prefill_rows = [i for i, n in enumerate(sizes) if n > 1]
         if self.decode_rows:
-            width = max(len(rows[i].context_slots) for i in self.decode_rows)
-            idx = torch.zeros(len(self.decode_rows), width, dtype=torch.long)
-            visible = torch.zeros(len(self.decode_rows), width, dtype=torch.bool)
-            for j, i in enumerate(self.decode_rows):
-                ctx = rows[i].context_slots
-                idx[j, :len(ctx)] = torch.tensor(ctx)
-                visible[j, :len(ctx)] = True   # padding slots point at slot 0 and stay hidden
+            lengths = torch.tensor([len(ctx[i]) for i in self.decode_rows])
+            # Padding points at slot 0 and is hidden by the mask.
+            gather = pad_sequence([ctx[i] for i in self.decode_rows], batch_first=True)
+            visible = torch.arange(gather.shape[1])[None, :] < lengths[:, None]
             self.decode_tokens = torch.tensor([offsets[i] for i in self.decode_rows], device=device)
-            self.decode_gather = idx.to(device)
+            self.decode_gather = gather.to(device)
             self.decode_mask = visible[:, None, None, :].to(device)      # (D, 1, 1, width)
         self.prefill_meta = []
         for i in self.prefill_rows:
-            r = rows[i]
-            n, ctx = len(r.new_slots), len(r.context_slots)
-            q_pos = torch.arange(r.start, r.start + n, device=device)
-            k_pos = torch.arange(ctx, device=device)
+            n, width = sizes[i], len(ctx[i])
+            q_pos = torch.arange(rows[i].start, rows[i].start + n, device=device)
+            k_pos = torch.arange(width, device=device)
             mask = (k_pos[None, :] <= q_pos[:, None])[None, None]       # (1, 1, n, ctx)
-            gather = torch.tensor(r.context_slots, device=device)
-            self.prefill_meta.append((offsets[i], n, gather, mask))
+            self.prefill_meta.append((offsets[i], n, ctx[i].to(device), mask))
 
 
 class PagedKVCache:
