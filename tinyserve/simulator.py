@@ -28,6 +28,7 @@ from .engine import Engine, EngineConfig, StepRecord
 from .metrics import RequestTrace
 from .scheduler import ScheduledBatch
 from .sequence import Sequence as Seq
+from .sequence import SeqStatus
 from .workload import RequestSpec, prompt_ids
 
 COST_MODEL_PATH = Path(__file__).parent / "assets" / "cost_model.json"
@@ -123,7 +124,7 @@ def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
             spec = specs[i]
             ids = prompt_ids(spec, i, vocab_size, seed)
             if max_queue is not None and engine.num_waiting >= max_queue:
-                seqs.append(_rejected(ids, spec, t0 + spec.arrival, engine.now()))
+                seqs.append(_rejected(f"r{i}", ids, spec, t0 + spec.arrival, engine.now()))
             else:
                 seqs.append(engine.add_request(ids, spec.output_len, request_id=f"r{i}",
                                                arrival=t0 + spec.arrival))
@@ -135,9 +136,8 @@ def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
     return seqs
 
 
-def _rejected(ids: list[int], spec: RequestSpec, arrival: float, now: float) -> Seq:
-    from .sequence import SeqStatus
-    seq = Seq(f"rejected-{arrival}", ids, spec.output_len, arrival=arrival)
+def _rejected(seq_id: str, ids: list[int], spec: RequestSpec, arrival: float, now: float) -> Seq:
+    seq = Seq(seq_id, ids, spec.output_len, arrival=arrival)
     seq.status, seq.finish_reason = SeqStatus.FINISHED, "rejected"
     seq.trace.finish, seq.trace.finish_reason = now, "rejected"
     return seq
