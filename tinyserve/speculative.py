@@ -1,0 +1,310 @@
+"""Speculative decoding: a cheap drafter guesses k tokens, the target checks them in one pass.
+
+Decode is one token per target pass, and at batch 1 a pass costs about the same for 1 token
+as for a handful (it is dominated by reading weights and per-pass overhead, not arithmetic).
+So: let a drafter propose ``d_1..d_k``, feed ``[last, d_1..d_k]`` to the target in one pass,
+and read k + 1 next-token distributions at once. Keep the longest prefix of drafts the target
+agrees with, then add one token from the target itself (the correction at the first
+disagreement, or a bonus token when all k were accepted). Every pass yields 1 to k + 1 tokens.
+
+It is lossless. Greedy: a draft is kept only if it *is* the target's argmax, so the output is
+token for token the target's greedy output. Sampling (Leviathan et al. 2023, Chen et al.
+2023): keep ``d_i`` with probability ``min(1, p(d_i) / q(d_i))`` (p target, q drafter); on the
+first rejection draw from ``norm(max(0, p - q))``. The emitted token is then distributed
+exactly as p, whatever q is; a good q only makes acceptance more frequent.
+
+Two drafters share one interface: :class:`ModelDrafter` (a small model with its own KV
+cache) and :class:`NGramDrafter` (prompt lookup: find the latest earlier occurrence of the
+context's last n tokens and propose what followed it; no model, near-free).
+
+Both caches keep one invariant: they hold every committed token *except the last*, whose
+logits are computed by the next pass. Rejected drafts are dropped with ``KVCache.rewind``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from .generate import check_prompt
+from .kv_cache import KVCache
+from .model import TinyLlama
+from .sampling import SamplingParams, top_k_filter, top_p_filter
+
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SpecStats", "SpeculativeDecoder",
+           "accept_greedy", "accept_sampled", "probs_for", "speculative_generate",
+           "expected_tokens_per_pass", "predicted_speedup"]
+
+
+# ------------------------------------------------------------------ the two formulas
+
+def expected_tokens_per_pass(a: float, k: int) -> float:
+    """Tokens per target pass when each draft is accepted independently with probability a:
+    1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a). (k + 1 when a == 1.)"""
+    if not 0 <= a <= 1 or k < 0:
+        raise ValueError(f"need 0 <= a <= 1 and k >= 0, got a={a}, k={k}")
+    return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def predicted_speedup(a: float, k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """Wall-time speed-up over plain decode: tokens per pass divided by the time of one
+    speculative step, in units of one plain decode pass (k draft passes + one verify pass)."""
+    return expected_tokens_per_pass(a, k) / (k * draft_cost + verify_cost)
+
+
+# ------------------------------------------------------------------ verification
+
+def accept_greedy(draft: list[int], target_argmax: list[int]) -> list[int]:
+    """Greedy verification. ``target_argmax[i]`` is the target's choice after the context
+    plus ``draft[:i]`` (len(draft) + 1 entries). Keep drafts while they match, then append
+    the target's own token: the correction at the first mismatch, or the bonus token."""
+    n = 0
+    while n < len(draft) and draft[n] == target_argmax[n]:
+        n += 1
+    return draft[:n] + [target_argmax[n]]
+
+
+def accept_sampled(draft: list[int], p: Tensor, q: Tensor | None,
+                   generator: torch.Generator | None = None) -> list[int]:
+    """Rejection sampling. ``p`` (len(draft) + 1, V) target probabilities, ``q`` (len(draft), V)
+    the drafter's (None: a deterministic drafter, q is one-hot on each draft). Returns the
+    accepted drafts plus one token drawn from the residual or, if all passed, from p's last row."""
+    k = len(draft)
+    if k:
+        idx = torch.tensor(draft)[:, None]
+        p_d = p[:k].gather(1, idx).squeeze(1)
+        q_d = torch.ones(k) if q is None else q.gather(1, idx).squeeze(1)
+        u = torch.rand(k, generator=generator)
+        # u < p/q  <=>  accept with probability min(1, p/q); q_d > 0 since d was drawn from q
+        ok = (u * q_d < p_d).tolist()
+        n = ok.index(False) if False in ok else k
+    else:
+        n = 0
+    if n == k:
+        return draft + [int(torch.multinomial(p[k], 1, generator=generator))]
+    if q is None:
+        residual = p[n].clone()
+        residual[draft[n]] = 0.0
+    else:
+        residual = (p[n] - q[n]).clamp_min(0.0)
+    if float(residual.sum()) <= 0:  # p == q exactly: rejection had probability 0; keep p
+        residual = p[n]
+    return draft[:n] + [int(torch.multinomial(residual, 1, generator=generator))]
+
+
+def probs_for(logits: Tensor, sampling: SamplingParams) -> Tensor:
+    """The distribution ``sampling.sample`` draws from, as probabilities on the CPU (rows, V):
+    temperature, then top-k and top-p, then softmax."""
+    scaled = logits.float().cpu() / sampling.temperature
+    if sampling.top_k is not None:
+        scaled = top_k_filter(scaled, sampling.top_k)
+    if sampling.top_p is not None and sampling.top_p < 1:
+        scaled = top_p_filter(scaled, sampling.top_p)
+    return torch.softmax(scaled, dim=-1)
+
+
+# ------------------------------------------------------------------ drafters
+
+class Drafter(Protocol):
+    """Proposes up to k tokens after ``context`` (every committed token, prompt first)."""
+
+    def start(self, prompt_ids: list[int], max_total: int) -> None: ...
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
+        """Draft tokens (at most k) and their proposal distributions (len, V) on the CPU, or
+        None when the drafter is deterministic (its proposal is one-hot)."""
+        ...
+
+    def commit(self, n_committed: int) -> None:
+        """The first ``n_committed`` tokens of the context are now final; forget the rest."""
+        ...
+
+
+class ModelDrafter:
+    """A small model sharing the target's tokenizer, with its own KV cache."""
+
+    def __init__(self, model: TinyLlama) -> None:
+        self.model = model
+        self.cache: KVCache | None = None
+
+    def start(self, prompt_ids: list[int], max_total: int) -> None:
+        self.cache = KVCache.for_model(self.model, 1, max_total)
+        if len(prompt_ids) > 1:  # hold all but the last token, like the target's cache
+            ids = torch.tensor([prompt_ids[:-1]], device=self.model.device)
+            self.model(ids, torch.arange(ids.shape[1], device=ids.device), self.cache)
+
+    @torch.no_grad()
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
+        assert self.cache is not None, "call start() first"
+        if k == 0:
+            return [], None
+        device, have = self.model.device, self.cache.lengths[0]
+        # Catch up on committed tokens the cache lacks: 1, or 2 after a fully accepted step.
+        feed = torch.tensor([context[have:]], device=device)
+        pos = torch.arange(have, len(context), device=device)[None]
+        greedy = sampling.temperature == 0
+        drafts: list[Tensor] = []
+        probs: list[Tensor] = []
+        for i in range(k):
+            logits = self.model(feed, pos, self.cache)[:, -1]       # (1, V)
+            if greedy:
+                token = logits.argmax(-1)                            # stays on the device
+            else:
+                q = probs_for(logits, sampling)
+                probs.append(q[0])
+                token = torch.multinomial(q, 1, generator=generator)[:, 0].to(device)
+            drafts.append(token)
+            if i < k - 1:
+                feed, pos = token[None], pos[:, -1:] + 1
+        tokens = torch.cat(drafts).tolist()                         # one host sync per step
+        return tokens, (None if greedy else torch.stack(probs))
+
+    def commit(self, n_committed: int) -> None:
+        assert self.cache is not None
+        self.cache.rewind([min(self.cache.lengths[0], n_committed - 1)])
+
+
+class NGramDrafter:
+    """Prompt lookup: match the context's last ``n`` tokens (n from ``max_n`` down to
+    ``min_n``) against earlier text and propose the tokens that followed the latest match.
+
+    An index maps each n-gram to where its latest occurrence ended, extended as the context
+    grows, so a proposal costs a few dict look-ups instead of a scan. Optional ``corpus``
+    token lists (e.g. earlier replies) are indexed too; the context's own matches win.
+    """
+
+    def __init__(self, max_n: int = 4, min_n: int = 2,
+                 corpus: list[list[int]] | None = None) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+        self.corpus_index: dict[tuple[int, ...], tuple[list[int], int]] = {}
+        for doc in corpus or []:
+            self._index(doc, 0, self.corpus_index)
+        self.index: dict[tuple[int, ...], tuple[list[int], int]] = {}
+        self.indexed = 0  # context positions whose following token has been indexed
+
+    def _index(self, seq: list[int], start: int,
+               index: dict[tuple[int, ...], tuple[list[int], int]]) -> None:
+        # Every n-gram ending just before position j (j < len(seq)) points at j.
+        for j in range(max(start, 1), len(seq)):
+            for n in range(self.min_n, min(self.max_n, j) + 1):
+                index[tuple(seq[j - n:j])] = (seq, j)
+
+    def start(self, prompt_ids: list[int], max_total: int) -> None:
+        self.index, self.indexed = {}, 0
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
+        if k == 0:
+            return [], None
+        self._index(context, self.indexed, self.index)
+        self.indexed = len(context)
+        for n in range(min(self.max_n, len(context)), self.min_n - 1, -1):
+            key = tuple(context[-n:])
+            for index in (self.index, self.corpus_index):
+                hit = index.get(key)
+                if hit is not None:
+                    seq, j = hit
+                    return list(seq[j:j + k]), None
+        return [], None
+
+    def commit(self, n_committed: int) -> None:
+        # The index only ever covers committed tokens (propose indexes the context it is given).
+        self.indexed = min(self.indexed, n_committed)
+
+
+# ------------------------------------------------------------------ the decoding loop
+
+@dataclass
+class SpecStats:
+    """One request's record: how many drafts were proposed and accepted, and passes."""
+
+    proposed: int = 0        # draft tokens sent to the target for checking
+    accepted: int = 0        # of those, kept
+    target_passes: int = 0   # verification passes (prefill not counted)
+    emitted: list[int] = field(default_factory=list)  # tokens emitted by each pass
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return sum(self.emitted) / self.target_passes if self.target_passes else 0.0
+
+
+class SpeculativeDecoder:
+    """Batch-1 speculative decoding, step by step (``speculative_generate`` drives it)."""
+
+    def __init__(self, target: TinyLlama, drafter: Drafter, k: int,
+                 sampling: SamplingParams = SamplingParams()) -> None:
+        if k < 1:
+            raise ValueError(f"k (draft tokens per step) must be at least 1, got {k}")
+        self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
+        self.generator = sampling.generator()
+        self.stats = SpecStats()
+        self.context: list[int] = []
+        self.cache: KVCache | None = None
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: list[int], max_total: int) -> int:
+        """Run the prompt, sample the first token; both caches then hold the prompt."""
+        device = self.target.device
+        self.cache = KVCache.for_model(self.target, 1, max_total)
+        self.drafter.start(prompt_ids, max_total)
+        ids = torch.tensor([prompt_ids], device=device)
+        logits = self.target(ids, torch.arange(len(prompt_ids), device=device), self.cache)
+        first = self._pick(logits[0, -1:], [], None)[0]
+        self.context = list(prompt_ids) + [first]
+        return first
+
+    def _pick(self, logits: Tensor, draft: list[int], q: Tensor | None) -> list[int]:
+        if self.sampling.temperature == 0:
+            return accept_greedy(draft, logits.argmax(-1).tolist())
+        return accept_sampled(draft, probs_for(logits, self.sampling), q, self.generator)
+
+    @torch.no_grad()
+    def step(self, k: int) -> list[int]:
+        """Draft up to k tokens, verify them in one target pass; return the new tokens."""
+        assert self.cache is not None, "call prefill() first"
+        draft, q = self.drafter.propose(self.context, k, self.sampling, self.generator)
+        n = len(self.context)
+        feed = torch.tensor([self.context[-1:] + draft], device=self.target.device)
+        pos = torch.arange(n - 1, n + len(draft), device=feed.device)
+        logits = self.target(feed, pos, self.cache)[0]              # (len(draft) + 1, V)
+        new = self._pick(logits, draft, q)
+        self.stats.proposed += len(draft)
+        self.stats.accepted += len(new) - 1
+        self.stats.target_passes += 1
+        self.context += new
+        # Keep all but the last committed token: drop the rejected drafts' keys and values.
+        self.cache.rewind([len(self.context) - 1])
+        self.drafter.commit(len(self.context))
+        return new
+
+
+def speculative_generate(target: TinyLlama, drafter: Drafter, prompt_ids: list[int],
+                         max_tokens: int, *, k: int = 4,
+                         sampling: SamplingParams = SamplingParams(),
+                         stop_ids: tuple[int, ...] = ()) -> tuple[list[int], SpecStats]:
+    """Up to ``max_tokens`` new tokens (stopping after a stop token, or at the context window,
+    like ``generate``) and the request's :class:`SpecStats`."""
+    window = target.config.max_position_embeddings
+    check_prompt(prompt_ids, max_tokens, window)
+    steps = min(max_tokens, window - len(prompt_ids))
+    dec = SpeculativeDecoder(target, drafter, k, sampling)
+    out = [dec.prefill(prompt_ids, len(prompt_ids) + steps)]
+    while out[-1] not in stop_ids and len(out) < steps:
+        # A step emits up to k + 1 tokens: never draft past the budget (or the window).
+        new = dec.step(min(k, steps - len(out) - 1))
+        dec.stats.emitted.append(len(new))
+        for t in new:
+            out.append(t)
+            if t in stop_ids or len(out) == steps:
+                return out, dec.stats
+    return out, dec.stats
