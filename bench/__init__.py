@@ -11,10 +11,15 @@ import importlib
 from typing import Any
 
 SUITES = {
+    "batching": "static vs continuous batching throughput on the real model; throughput/latency frontier",
+    "paged": "KV slots reserved vs used, contiguous vs paged; concurrency in the same memory",
+    "prefix": "TTFT with and without a prefix-cache hit on a shared system prompt",
+    "chunked": "p99 ITL with and without chunked prefill (real model); size-aware vs FCFS p99 TTFT (simulator)",
     "kv": "cached vs uncached decode: per-token cost by position, speed-up at 256 and 512",
     "hf": "our cached greedy loop vs transformers generate() (batch 1 and 8), decode roofline",
     "quant": "int8 weights / KV cache and bf16 vs fp32: memory, decode speed, quality",
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
+    "spec": "speculative decoding (draft model, n-gram lookup) vs plain greedy: acceptance, passes/token, speed-up, batch sweep",
 }
 
 

@@ -10,6 +10,10 @@ import pytest
 from tinyserve.__main__ import main
 
 EXPECTED_RATIOS = {
+    "batching": {"continuous_vs_static_throughput"},
+    "paged": {"paged_waste_fraction", "contiguous_waste_fraction"},
+    "prefix": {"prefix_ttft_speedup"},
+    "chunked": {"chunked_p99_itl_improvement", "size_aware_p99_ttft_improvement"},
     "kv": {"cache_speedup_256", "cache_speedup_512"},
     "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction"},
     "quant": {"int8_weight_memory_ratio", "int8_kv_memory_ratio", "int8_val_loss_delta",
@@ -17,6 +21,8 @@ EXPECTED_RATIOS = {
               "bf16_decode_speedup"},
     "parallel": {"tp2_speedup_prefill", "tp2_speedup_decode", "tp2_allreduce_share",
                  "tp2_allreduce_share_prefill", "pp_bubble_measured", "pp_bubble_formula"},
+    "spec": {"spec_speedup_k2", "spec_speedup_k4", "spec_speedup_k6", "spec_acceptance_k4",
+             "ngram_speedup_k2", "ngram_speedup_k4", "ngram_speedup_k6", "ngram_acceptance_k4"},
 }
 
 
@@ -32,7 +38,8 @@ def _check_report(data: dict, suite: str) -> None:
     assert data["date"][:2] == "20"
 
 
-@pytest.mark.parametrize("suite", ["kv", "hf", "quant", "parallel"])
+@pytest.mark.parametrize("suite", ["batching", "paged", "prefix", "chunked", "kv", "hf", "quant",
+                                   "parallel", "spec"])
 def test_suite_writes_its_report(suite: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / f"{suite}.json"
@@ -43,6 +50,19 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
     assert "-----" in printed  # a table for people next to the JSON for machines
     if suite == "kv":
         assert out.with_suffix(".png").stat().st_size > 0  # and a plot
+    if suite == "batching":   # a frontier point per slot limit, and its plot
+        assert [p["max_num_seqs"] for p in data["measurements"]["frontier"]] == [1, 4]
+        assert out.with_suffix(".png").stat().st_size > 0
+    elif suite == "paged":    # accounting, not timing: the same on every machine
+        m = data["measurements"]
+        assert m["pool_bytes"] == m["formula_bytes"]
+        assert data["ratios"]["paged_waste_fraction"] < data["ratios"]["contiguous_waste_fraction"]
+        assert m["concurrency_same_memory"]["paged_peak"] > m["concurrency_same_memory"]["contiguous"]
+    elif suite == "prefix":   # every request after the first hit the whole shared prompt
+        assert data["measurements"]["on"]["cached_tokens"][1:] == [48, 48, 48]
+        assert data["measurements"]["off"]["cached_tokens"] == [0, 0, 0, 0]
+    elif suite == "chunked":
+        assert set(data["measurements"]["chunked_prefill"]["runs"]) == {"one-shot", "chunked"}
     if suite == "kv":
         steps = data["measurements"]["step_cost"]
         assert [s["position"] for s in steps] == sorted(s["position"] for s in steps)
@@ -54,6 +74,10 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         assert data["measurements"]["tp"]["all_reduces_per_forward"] == 4
         assert 0 < data["ratios"]["tp2_allreduce_share"] < 1
         assert data["ratios"]["pp_bubble_formula"] == 0.2  # (p - 1) / (m + p - 1), p=2, m=4
+    elif suite == "spec":  # every k of both drafters ran, checked against plain decode
+        assert set(data["measurements"]["runs"]) == {f"{d}_k{k}" for d in ("spec", "ngram")
+                                                     for k in (2, 4, 6)}
+        assert 0 < data["ratios"]["spec_acceptance_k4"] <= 1
     else:  # quant: the int8 variants really hold fewer bytes than fp32
         v = data["measurements"]["variants"]
         assert v["int8 weights"]["weight_bytes"] < v["bf16"]["weight_bytes"] < v["fp32"]["weight_bytes"]

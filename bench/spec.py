@@ -1,0 +1,197 @@
+"""Speculative decoding vs plain greedy decode on the target, measured side by side.
+
+For each drafter (the shipped 0.59M draft model; an n-gram drafter doing prompt lookup over
+the context plus an index of past replies) and k in {2, 4, 6}: wall time to generate the
+replies of a few support prompts at batch 1, the acceptance rate (accepted / proposed
+drafts), target passes per generated token, and the speed-up over plain cached greedy decode
+of the same prompts. Every speculative output is checked token for token against the plain
+output before any figure is reported.
+
+Then the cost model behind the figures: the time of one target pass over 1 token (decode)
+and over k + 1 tokens (verify), and of one draft pass, at batch sizes 1 to 32. The predicted
+speed-up is ``E[tokens per pass] / (k * draft + verify)`` in units of one decode pass, with
+E = (1 - a^(k+1)) / (1 - a). At batch 1 a verify pass costs about one decode pass; as the
+batch grows the pass stops being overhead-bound and verifying k extra tokens per row costs
+real compute, so the predicted gain shrinks.
+
+Ratios: ``spec_speedup_k{2,4,6}`` (draft model), ``ngram_speedup_k{2,4,6}``: plain time /
+speculative time (> 1: speculation is faster); ``spec_acceptance_k4`` and
+``ngram_acceptance_k4``: acceptance rates (not speed ratios). ``--quick`` runs the same code
+on tiny random models, to check the report's shape in seconds; its figures mean nothing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tinyserve.config import ModelConfig
+from tinyserve.device import default_device
+from tinyserve.generate import generate, prefill
+from tinyserve.kv_cache import KVCache
+from tinyserve.model import TinyLlama
+from tinyserve.speculative import (Drafter, ModelDrafter, NGramDrafter, expected_tokens_per_pass,
+                                   predicted_speedup, speculative_generate)
+
+from .common import median_seconds, report, table, write_json
+
+KS = (2, 4, 6)
+QUICK_TARGET = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=64)
+
+
+def _random(cfg: ModelConfig, seed: int, device: torch.device) -> TinyLlama:
+    torch.manual_seed(seed)
+    model = TinyLlama(cfg).eval()
+    with torch.no_grad():  # away from the near-uniform init, so greedy has no near-ties
+        for p in model.parameters():
+            p.mul_(3)
+    return model.to(device)
+
+
+def setup(quick: bool, device: torch.device) -> dict[str, Any]:
+    """Models, prompts, stop ids and the n-gram drafter's corpus of past replies."""
+    if quick:
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in (8, 12)]
+        target = _random(QUICK_TARGET, 0, device)
+        # Random models never agree; the target drafting for itself and a corpus holding
+        # the outputs keep every code path busy (acceptance > 0) in the shape check.
+        corpus = [p + generate(target, p, 24).tokens for p in prompts]
+        return {"target": target, "draft": target, "prompts": prompts, "stop_ids": (),
+                "corpus": corpus, "max_tokens": 24, "name": "random tiny (quick)"}
+    from tinyserve.checkpoint import load_model
+    from tinyserve.corpus import example_prompts, generate_tickets, render
+    from tinyserve.tokenizer import load_tokenizer
+    tok = load_tokenizer()
+    # Past replies a support desk has sent: 200 tickets from the training stream (seed 0);
+    # the example prompts come from another seed, so no prompt is in the corpus.
+    corpus = [tok.encode(render(t)) for t in generate_tickets(200, seed=0)]
+    return {"target": load_model("target", device=device, dtype=torch.float32),
+            "draft": load_model("draft", device=device, dtype=torch.float32),
+            "prompts": [tok.encode(p) for p in example_prompts(6)],
+            "stop_ids": (tok.eos_id,), "corpus": corpus, "max_tokens": 128,
+            "name": "target + draft (shipped)"}
+
+
+def run_drafter(env: dict[str, Any], drafter: Drafter, k: int,
+                plain: list[list[int]]) -> dict[str, float]:
+    """Generate every prompt speculatively; check it equals plain decode; sum the stats."""
+    proposed = accepted = passes = tokens = 0
+    for prompt, want in zip(env["prompts"], plain):
+        got, stats = speculative_generate(env["target"], drafter, prompt, env["max_tokens"],
+                                          k=k, stop_ids=env["stop_ids"])
+        if got != want:
+            raise RuntimeError(f"speculative output differs from plain greedy (k={k}); "
+                               f"verification is wrong")
+        proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+        passes, tokens = passes + stats.target_passes, tokens + len(got)
+    # The first token comes from prefill in both loops; passes count the decode phase only.
+    return {"acceptance": accepted / max(proposed, 1), "proposed": proposed,
+            "target_passes": passes, "tokens": tokens,
+            "passes_per_token": passes / max(tokens - len(plain), 1)}
+
+
+@torch.no_grad()
+def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
+               repeats: int) -> dict[int, float]:
+    """Milliseconds of one cached pass feeding ``width`` tokens per row after ``context``
+    cached tokens, for each width (1 = a decode step, k + 1 = a verify pass)."""
+    device = model.device
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (batch, context + max(widths)), generator=g)
+    ids = ids.to(device)
+    cache = KVCache.for_model(model, batch, context + max(widths))
+    prefill(model, ids[:, :context], cache)
+    out = {}
+    for w in widths:
+        pos = torch.arange(context, context + w, device=device).expand(batch, w)
+
+        def once() -> None:
+            model(ids[:, context:context + w], pos, cache)
+            cache.rewind([context] * batch)  # forget it, so each repeat measures the same pass
+        out[w] = 1e3 * median_seconds(once, device, repeats)
+    return out
+
+
+def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+    device = default_device()
+    env = setup(quick, device)
+    target, draft = env["target"], env["draft"]
+    repeats = 1 if quick else 3
+    print(f"bench spec: {env['name']} on {device}, fp32, batch 1, greedy, "
+          f"{len(env['prompts'])} prompts, up to {env['max_tokens']} tokens", flush=True)
+    plain: list[list[int]] = []
+
+    def plain_once() -> None:
+        plain[:] = [generate(target, p, env["max_tokens"], stop_ids=env["stop_ids"]).tokens
+                    for p in env["prompts"]]
+    plain_s = median_seconds(plain_once, device, repeats)
+    n_tokens = sum(map(len, plain))
+    drafters = {"spec": ModelDrafter(draft), "ngram": NGramDrafter(corpus=env["corpus"])}
+    rows, results = [], {}
+    for name, drafter in drafters.items():
+        for k in KS:
+            stats = run_drafter(env, drafter, k, plain)  # also the warm-up
+
+            def spec_once() -> None:
+                for p in env["prompts"]:
+                    speculative_generate(target, drafter, p, env["max_tokens"], k=k,
+                                         stop_ids=env["stop_ids"])
+            seconds = median_seconds(spec_once, device, repeats, warmup=0)
+            stats.update(seconds=seconds, speedup=plain_s / seconds)
+            results[f"{name}_k{k}"] = stats
+            rows.append([name, k, stats["acceptance"], stats["passes_per_token"],
+                         1 / stats["passes_per_token"], seconds, stats["speedup"]])
+            print(f"  {name} k={k}: {seconds:.3f} s", flush=True)
+    print(f"\nplain greedy decode: {plain_s:.3f} s for {n_tokens} tokens "
+          f"({1e3 * plain_s / n_tokens:.2f} ms/token); every output below is identical to it")
+    print(table(["drafter", "k", "acceptance", "passes/token", "tokens/pass", "seconds",
+                 "speed-up"], rows), flush=True)
+
+    # The cost model: pass times by width and batch, and the speed-up they predict.
+    context = min(100, target.config.max_position_embeddings - 8)
+    batches = (1, 2) if quick else (1, 4, 16, 32)
+    widths = [1] + [k + 1 for k in KS]
+    sweep = []
+    for b in batches:
+        t_cost = pass_costs(target, b, widths, context, 3 if quick else 7)
+        d_cost = pass_costs(draft, b, [1], context, 3 if quick else 7)[1]
+        entry: dict[str, Any] = {"batch": b, "decode_ms": t_cost[1], "draft_ms": d_cost,
+                                 "verify_ms": {k: t_cost[k + 1] for k in KS}}
+        for name in drafters:
+            a = results[f"{name}_k4"]["acceptance"]
+            c_draft = d_cost / t_cost[1] if name == "spec" else 0.0
+            entry[f"{name}_predicted_speedup_k4"] = predicted_speedup(
+                a, 4, c_draft, t_cost[5] / t_cost[1])
+        sweep.append(entry)
+    print(f"\ncost of one pass after {context} cached tokens (median ms), and the speed-up the "
+          "formula predicts for k=4 with the measured acceptance")
+    print(table(["batch", "decode ms", "verify k=4 ms", "verify/decode", "draft ms",
+                 "pred. spec k=4", "pred. ngram k=4"],
+                [[e["batch"], e["decode_ms"], e["verify_ms"][4], e["verify_ms"][4] / e["decode_ms"],
+                  e["draft_ms"], e["spec_predicted_speedup_k4"], e["ngram_predicted_speedup_k4"]]
+                 for e in sweep]))
+    for name in drafters:
+        r = results[f"{name}_k4"]
+        print(f"{name} k=4 at batch 1: E[tokens/pass] = {expected_tokens_per_pass(r['acceptance'], 4):.2f} "
+              f"(measured {1 / r['passes_per_token']:.2f}), predicted speed-up "
+              f"{sweep[0][f'{name}_predicted_speedup_k4']:.2f}, measured {r['speedup']:.2f}")
+
+    ratios = {f"{name}_speedup_k{k}": results[f"{name}_k{k}"]["speedup"]
+              for name in drafters for k in KS}
+    ratios.update({f"{name}_acceptance_k4": results[f"{name}_k4"]["acceptance"]
+                   for name in drafters})
+    data = report(
+        "spec", ratios=ratios,
+        measurements={"plain_s": plain_s, "plain_tokens": n_tokens, "runs": results,
+                      "pass_costs_by_batch": sweep},
+        conditions={"model": env["name"], "device": str(device), "dtype": "float32",
+                    "batch": 1, "sampling": "greedy", "prompts": len(env["prompts"]),
+                    "max_tokens": env["max_tokens"], "repeats": repeats, "ks": list(KS),
+                    "ngram": "max_n 4, min_n 2, context + 200 past tickets",
+                    "cost_context_tokens": context},
+        quick=quick)
+    write_json(data, json_path)
+    return data
