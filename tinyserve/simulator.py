@@ -16,7 +16,7 @@ Produced tokens are placeholders: requests end at their ``max_tokens``.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,8 @@ def simulated_engine(config: EngineConfig, cost: CostModel | None = None,
 
 
 def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
-          seed: int = 0, max_queue: int | None = None) -> list[Seq]:
+          seed: int = 0, max_queue: int | None = None,
+          on_step: Callable[[Engine], None] | None = None) -> list[Seq]:
     """Feed ``specs`` to ``engine`` at their arrival times and step until all are done.
 
     Works the same on a real engine (wall clock; it sleeps when idle) and a simulated one
@@ -112,6 +113,7 @@ def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
     waiting for a busy engine to look at the queue counts as queueing, as it would for a
     user. With ``max_queue``, a request that finds that many already waiting is rejected
     (finish reason ``"rejected"``) instead of queued: the overload policy of chapter 5.
+    ``on_step(engine)`` is called after every step (to sample memory use, queue length...).
     """
     order = sorted(range(len(specs)), key=lambda i: specs[i].arrival)
     t0 = engine.now()
@@ -131,6 +133,8 @@ def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
             pending += 1
         if engine.has_unfinished():
             engine.step()
+            if on_step is not None:
+                on_step(engine)
         elif pending < len(order):
             engine.executor.wait_until(t0 + specs[order[pending]].arrival)
     return seqs

@@ -1,0 +1,48 @@
+"""What the serving-engine suites (batching, paged, prefix, chunked) share: the model, a run
+of a workload through the engine, and the latency figures of that run."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tinyserve.device import default_device
+from tinyserve.engine import Engine, EngineConfig
+from tinyserve.metrics import SLO, summarize, throughput
+from tinyserve.model import TinyLlama
+from tinyserve.sequence import Sequence as Seq
+from tinyserve.simulator import completed_traces, serve
+from tinyserve.workload import RequestSpec
+
+from .kv import _model
+
+
+def bench_model(quick: bool) -> tuple[TinyLlama, str]:
+    """The shipped target in fp32 (a tiny random model with ``--quick``), one thread on CPU
+    unless the caller set otherwise, so a run does not fight other processes for cores."""
+    return _model(quick, default_device())
+
+
+def run_engine(model: TinyLlama, config: EngineConfig, specs: Sequence[RequestSpec],
+               seed: int = 0) -> tuple[list[Seq], Engine]:
+    engine = Engine(model, config)
+    warm = Engine(model, config)              # one untimed request: first-call costs
+    warm.add_request([7] * 8, 2)
+    warm.run()
+    seqs = serve(engine, specs, model.config.vocab_size, seed)
+    return seqs, engine
+
+
+def figures(seqs: Sequence[Seq], slo: SLO | None = None) -> dict[str, Any]:
+    """Latency percentiles (ms) and throughput of the completed requests of a run."""
+    traces = completed_traces(seqs)
+    out = {k: round(v, 3) if isinstance(v, float) else v
+           for k, v in summarize(traces).items()}
+    out.update({k: round(v, 3) for k, v in throughput(traces, slo).items()})
+    out["preemptions"] = sum(s.preemptions for s in seqs)
+    return out
+
+
+def threads_note() -> str:
+    return f"{torch.get_num_threads()} torch thread(s)"
