@@ -2,6 +2,7 @@
 
   generate    continue a prompt with a shipped model
   bench       run a benchmark suite (python -m tinyserve bench --help lists them)
+  serve       an OpenAI-compatible HTTP server (streaming, /metrics) on 127.0.0.1:8000
   calibrate   fit the scheduling simulator's cost model to the real model on this machine
   train       train a preset (target or draft) and ship its weights
   export-hf   write a Hugging Face Llama folder
@@ -64,6 +65,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import bench  # the suites ship as their own package next to tinyserve
     bench.run_suite(args.suite, json_path=args.json, quick=args.quick)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from .engine import EngineConfig
+    from .server import serve
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
+        raise ValueError(f"--host {args.host} would expose the server beyond this machine; "
+                         f"pass --allow-remote if that is what you want")
+    config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size,
+                          max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          chunked_prefill=not args.no_chunked_prefill,
+                          enable_prefix_caching=not args.no_prefix_caching, policy=args.policy)
+    serve(args.host, args.port, model_name=args.model, engine_config=config,
+          max_waiting=args.max_waiting, queue_timeout_s=args.queue_timeout)
     return 0
 
 
@@ -146,6 +163,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true",
                    help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
     b.set_defaults(func=_cmd_bench)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible server over the engine")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--allow-remote", action="store_true", help="allow a non-loopback --host")
+    s.add_argument("--model", default="target", choices=["target", "draft"])
+    s.add_argument("--num-blocks", type=int, default=1024, help="KV blocks in the pool")
+    s.add_argument("--block-size", type=int, default=16, help="token slots per KV block")
+    s.add_argument("--max-num-seqs", type=int, default=16, help="running requests at most")
+    s.add_argument("--max-num-batched-tokens", type=int, default=256, help="tokens per step")
+    s.add_argument("--no-chunked-prefill", action="store_true")
+    s.add_argument("--no-prefix-caching", action="store_true")
+    s.add_argument("--policy", default="fcfs", choices=["fcfs", "spf", "size-aware"])
+    s.add_argument("--max-waiting", type=int, default=64,
+                   help="queued requests beyond which new ones get 429")
+    s.add_argument("--queue-timeout", type=float, default=30.0,
+                   help="seconds a request may wait for admission before it gets 429")
+    s.set_defaults(func=_cmd_serve)
 
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
     k.add_argument("--model", default="target", choices=["target", "draft"])
