@@ -238,3 +238,18 @@ def test_int8_kv_cache_keeps_the_target_within_bounds(target, windows) -> None:
     assert abs(q["val_loss_delta"]) < 0.005
     same = quality(target, target, windows, cache_cls=KVCache)  # the float cache: ~exact
     assert same["max_abs_logit_error"] < 1e-3 < q["max_abs_logit_error"]
+
+
+def test_a_bf16_model_quantizes_and_generates() -> None:
+    """The GPU path's dtype (bf16 activations) on the CPU: scales and lookups follow the
+    model's dtype, and the engine's generate() runs the int8 model with either cache."""
+    from tinyserve.generate import generate
+    model = sharp_model(SMALL, seed=9)
+    bf16 = quantize_model(TinyLlama(SMALL).to(torch.bfloat16))
+    assert bf16.dtype == torch.bfloat16
+    assert bf16(torch.tensor([[1, 2, 3]])).dtype == torch.float32  # logits are always fp32
+    assert KVCache.for_model(bf16).k.dtype == torch.bfloat16
+    prompt = random_prompt(SMALL.vocab_size, 6, seed=10)
+    ref = generate(quantize_model(model, kernel="reference"), prompt, 12).tokens
+    assert generate(quantize_model(model), prompt, 12).tokens == ref
+    assert len(ref) == 12
