@@ -57,6 +57,10 @@ def _entry(rank: int, world_size: int, backend: str, folder: str, timeout_s: flo
            worker: Callable[..., Any], args: tuple[Any, ...]) -> None:
     if backend == "nccl":
         torch.cuda.set_device(rank)
+    if "OMP_NUM_THREADS" not in os.environ:
+        # The ranks share this machine's cores: more threads than cores and OpenMP threads
+        # spin against each other, which would be measured as communication cost.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     # A file in a private temp folder as the rendezvous: no port to pick, nothing to collide.
     dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=timeout_s))
