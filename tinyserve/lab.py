@@ -218,7 +218,7 @@ class _LabWidgets:
         self.commit_button = w.Button(description="Commit guess", button_style="primary")
         self.status = w.HTML()
         self.answer = w.HTML()
-        self.chart = w.Image(format="png", layout=w.Layout(display="none"))
+        self.chart = w.Image(format="png", layout=w.Layout(display="none", width="504px"))
         for name, control in self.inputs.items():
             control.observe(lambda change, name=name: self._on_input(name, change["new"]),
                             names="value")
