@@ -3,9 +3,9 @@
 Every step it builds one batch under two limits, ``max_num_seqs`` running sequences and a
 token budget ``max_num_batched_tokens``:
 
-1. **Running sequences first**, oldest first. A decode needs one token of budget and, at a
-   block boundary, one new KV block. If no block is free, the most recently admitted running
-   sequence is **preempted by recompute**: its blocks are freed and it goes back to the head
+1. **Running sequences first**, oldest first, decodes before prefill chunks. A decode needs
+   one token of budget and, at a block boundary, one new KV block. If no block is free, the
+   most recently admitted running sequence is **preempted by recompute**: its blocks are freed and it goes back to the head
    of the queue; later it prefills its prompt *and* the tokens it had produced, and carries on.
    A prompt still in prefill continues with its next chunk.
 2. **Then waiting requests**, in the policy's order, while slots, budget and blocks last.
@@ -121,8 +121,10 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         cfg, batch = self.config, ScheduledBatch()
         budget = cfg.max_num_batched_tokens
-        # 1. Running sequences, oldest first.
-        for seq in list(self.running):
+        # 1. Running sequences, oldest first: every decode before any prefill chunk, so a
+        #    long prompt being read in chunks never takes a running decode's turn.
+        ordered = sorted(self.running, key=lambda s: s.in_prefill)   # stable: age kept
+        for seq in ordered:
             if seq not in self.running:       # preempted below to make room for an older one
                 continue
             if budget <= 0:
