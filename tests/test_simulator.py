@@ -158,3 +158,23 @@ def test_goodput_counts_only_requests_within_slo() -> None:
     assert t["output_throughput"] == pytest.approx(4.5)
     assert t["goodput"] == pytest.approx(0.5) and t["slo_attainment"] == pytest.approx(1 / 3)
     assert throughput(traces)["goodput"] == pytest.approx(1.5)   # no SLO: every request counts
+
+
+def test_decodes_are_scheduled_before_prefill_chunks() -> None:
+    from tinyserve.block_manager import BlockManager
+    from tinyserve.scheduler import Scheduler, SchedulerConfig
+    from tinyserve.sequence import Sequence
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8),
+                      BlockManager(64, 4))
+    long, short = Sequence("long", list(range(100)), 4), Sequence("short", [1, 2, 3], 4)
+    for seq in (long, short):
+        sched.add(seq)
+    sched.schedule()                        # the long prompt takes the whole budget
+    assert [s.seq_id for s in sched.running] == ["long"]
+    long.num_computed = 8
+    sched.running.append(sched.waiting.popleft())   # as if "short" had been admitted ...
+    sched.blocks.allocate("short", short.token_ids)
+    short.num_computed = short.num_tokens - 1       # ... and were now decoding
+    short.status = long.status
+    batch = sched.schedule()
+    assert batch.seqs == [short, long] and batch.num_new_tokens == [1, 7]
