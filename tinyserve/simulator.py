@@ -178,12 +178,12 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRe
     for rows in (1, 2, 4, 8, 16, 32):
         for ctx in (32, window // 4, window * 3 // 4):
             shapes.append([(ctx, 1)] * rows)
-    for n in (16, 64, 128, 256, window - 32):
+    for n in (window // 32, window // 8, window // 4, window // 2, window - 32):
         shapes.append([(0, n)])
         if n <= window // 2:
             shapes.append([(window // 2 - 16, n)])
     for rows in (4, 16):
-        for n in (32, 128):
+        for n in (window // 16, window // 4):
             shapes.append([(window // 4, 1)] * rows + [(0, n)])
     block_size = 16
     blocks = BlockManager(sum(len(s) for s in shapes) * (window // block_size + 1), block_size,
