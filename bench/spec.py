@@ -78,7 +78,7 @@ def setup(quick: bool, device: torch.device) -> dict[str, Any]:
 def run_drafter(env: dict[str, Any], drafter: Drafter, k: int,
                 plain: list[list[int]]) -> dict[str, float]:
     """Generate every prompt speculatively; check it equals plain decode; sum the stats."""
-    proposed = accepted = passes = tokens = 0
+    proposed = accepted = rejected = passes = tokens = 0
     for prompt, want in zip(env["prompts"], plain):
         got, stats = speculative_generate(env["target"], drafter, prompt, env["max_tokens"],
                                           k=k, stop_ids=env["stop_ids"])
@@ -86,9 +86,13 @@ def run_drafter(env: dict[str, Any], drafter: Drafter, k: int,
             raise RuntimeError(f"speculative output differs from plain greedy (k={k}); "
                                f"verification is wrong")
         proposed, accepted = proposed + stats.proposed, accepted + stats.accepted
+        rejected += stats.rejected
         passes, tokens = passes + stats.target_passes, tokens + len(got)
     # The first token comes from prefill in both loops; passes count the decode phase only.
+    # acceptance: accepted / proposed (what servers report); acceptance_prob: accepted /
+    # checked drafts, the per-draft probability a of the tokens-per-pass formula.
     return {"acceptance": accepted / max(proposed, 1), "proposed": proposed,
+            "acceptance_prob": accepted / max(accepted + rejected, 1),
             "target_passes": passes, "tokens": tokens,
             "passes_per_token": passes / max(tokens - len(plain), 1)}
 
@@ -145,13 +149,14 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
             plain_here = median_seconds(plain_once, device, repeats, warmup=0)
             stats.update(seconds=seconds, plain_seconds=plain_here, speedup=plain_here / seconds)
             results[f"{name}_k{k}"] = stats
-            rows.append([name, k, stats["acceptance"], stats["passes_per_token"],
+            rows.append([name, k, stats["acceptance"], stats["acceptance_prob"],
+                         stats["passes_per_token"],
                          1 / stats["passes_per_token"], seconds, plain_here, stats["speedup"]])
             print(f"  {name} k={k}: {seconds:.3f} s", flush=True)
     print(f"\nplain greedy decode: {plain_s:.3f} s for {n_tokens} tokens "
           f"({1e3 * plain_s / n_tokens:.2f} ms/token); every output below is identical to it; "
           f"speed-up = plain s / seconds, each pair timed back to back (median of {repeats})")
-    print(table(["drafter", "k", "acceptance", "passes/token", "tokens/pass", "seconds",
+    print(table(["drafter", "k", "acceptance", "a", "passes/token", "tokens/pass", "seconds",
                  "plain s", "speed-up"], rows), flush=True)
 
     # The cost model: pass times by width and batch, and the speed-up they predict.
@@ -165,13 +170,13 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
         entry: dict[str, Any] = {"batch": b, "decode_ms": t_cost[1], "draft_ms": d_cost,
                                  "verify_ms": {k: t_cost[k + 1] for k in KS}}
         for name in drafters:
-            a = results[f"{name}_k4"]["acceptance"]
+            a = results[f"{name}_k4"]["acceptance_prob"]
             c_draft = d_cost / t_cost[1] if name == "spec" else 0.0
             entry[f"{name}_predicted_speedup_k4"] = predicted_speedup(
                 a, 4, c_draft, t_cost[5] / t_cost[1])
         sweep.append(entry)
     print(f"\ncost of one pass after {context} cached tokens (median ms), and the speed-up the "
-          "formula predicts for k=4 with the measured acceptance")
+          "formula predicts for k=4 with the measured per-draft acceptance probability a")
     print(table(["batch", "decode ms", "verify k=4 ms", "verify/decode", "draft ms",
                  "pred. spec k=4", "pred. ngram k=4"],
                 [[e["batch"], e["decode_ms"], e["verify_ms"][4], e["verify_ms"][4] / e["decode_ms"],
@@ -180,7 +185,8 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     for name in drafters:
         r = results[f"{name}_k4"]
         print(f"{name} k=4 at batch 1: E[tokens/pass] = {expected_tokens_per_pass(r['acceptance'], 4):.2f} "
-              f"(measured {1 / r['passes_per_token']:.2f}), predicted speed-up "
+              f"at a = {r['acceptance_prob']:.2f} (measured {1 / r['passes_per_token']:.2f}), "
+              f"predicted speed-up "
               f"{sweep[0][f'{name}_predicted_speedup_k4']:.2f}, measured {r['speedup']:.2f}")
 
     ratios = {f"{name}_speedup_k{k}": results[f"{name}_k{k}"]["speedup"]

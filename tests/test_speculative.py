@@ -285,6 +285,17 @@ def test_expected_tokens_formula() -> None:
         expected_tokens_per_pass(1.5, 2)
 
 
+def test_stats_count_checked_drafts(target) -> None:
+    drafter = ModelDrafter(_noisy_copy(target, 0.005, seed=3))
+    out, st = speculative_generate(target, drafter, _prompt(4, 2), 30, k=4)
+    assert st.target_passes == len(st.emitted) and sum(st.emitted) == len(out) - 1
+    # every pass emits its accepted drafts plus one target token
+    assert st.accepted == sum(st.emitted) - st.target_passes
+    assert 0 < st.rejected <= st.target_passes
+    assert st.acceptance_prob == st.accepted / (st.accepted + st.rejected)
+    assert st.acceptance_prob >= st.acceptance_rate
+
+
 def test_measured_tokens_per_pass_follows_the_formula_for_iid_acceptance() -> None:
     """Simulate verification with each draft matching with probability a: the mean of
     accept_greedy's output length is (1 - a^(k+1)) / (1 - a)."""

@@ -226,12 +226,22 @@ class SpecStats:
 
     proposed: int = 0        # draft tokens sent to the target for checking
     accepted: int = 0        # of those, kept
+    rejected: int = 0        # passes that rejected a draft (the drafts after it go unchecked)
     target_passes: int = 0   # verification passes (prefill not counted)
     emitted: list[int] = field(default_factory=list)  # tokens emitted by each pass
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts: the "draft acceptance rate" servers report."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def acceptance_prob(self) -> float:
+        """Accepted / checked drafts: the chance a draft is kept given the ones before it
+        were, the ``a`` of :func:`expected_tokens_per_pass`. Drafts behind a rejection are
+        never really checked, so the rate above understates this for k > 1."""
+        checked = self.accepted + self.rejected
+        return self.accepted / checked if checked else 0.0
 
     @property
     def tokens_per_pass(self) -> float:
@@ -280,6 +290,7 @@ class SpeculativeDecoder:
         new = self._pick(logits, draft, q)
         self.stats.proposed += len(draft)
         self.stats.accepted += len(new) - 1
+        self.stats.rejected += len(new) - 1 < len(draft)
         self.stats.target_passes += 1
         self.context += new
         # Keep all but the last committed token: drop the rejected drafts' keys and values.
@@ -302,9 +313,7 @@ def speculative_generate(target: TinyLlama, drafter: Drafter, prompt_ids: list[i
     while out[-1] not in stop_ids and len(out) < steps:
         # A step emits up to k + 1 tokens: never draft past the budget (or the window).
         new = dec.step(min(k, steps - len(out) - 1))
-        dec.stats.emitted.append(len(new))
-        for t in new:
-            out.append(t)
-            if t in stop_ids or len(out) == steps:
-                return out, dec.stats
+        stop = next((i for i, t in enumerate(new) if t in stop_ids), len(new) - 1)
+        out += new[:stop + 1]  # nothing after a stop token (the budget is never overrun)
+        dec.stats.emitted.append(stop + 1)
     return out, dec.stats
