@@ -20,6 +20,7 @@ SUITES = {
     "quant": "int8 weights / KV cache and bf16 vs fp32: memory, decode speed, quality",
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
     "spec": "speculative decoding (draft model, n-gram lookup) vs plain greedy: acceptance, passes/token, speed-up, batch sweep",
+    "serve": "load generator against our server: rate sweep, latency percentiles, goodput knee, cost; routing across replicas",
 }
 
 

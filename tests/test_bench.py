@@ -23,6 +23,8 @@ EXPECTED_RATIOS = {
                  "tp2_allreduce_share_prefill", "pp_bubble_measured", "pp_bubble_formula"},
     "spec": {"spec_speedup_k2", "spec_speedup_k4", "spec_speedup_k6", "spec_acceptance_k4",
              "ngram_speedup_k2", "ngram_speedup_k4", "ngram_speedup_k6", "ngram_acceptance_k4"},
+    "serve": {"goodput_knee_vs_overload", "sim_shape_routing_p99_ttft_improvement",
+              "sim_least_loaded_p99_ttft_improvement"},
 }
 
 
@@ -39,7 +41,7 @@ def _check_report(data: dict, suite: str) -> None:
 
 
 @pytest.mark.parametrize("suite", ["batching", "paged", "prefix", "chunked", "kv", "hf", "quant",
-                                   "parallel", "spec"])
+                                   "parallel", "spec", "serve"])
 def test_suite_writes_its_report(suite: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / f"{suite}.json"

@@ -1,0 +1,155 @@
+"""Serving end to end: a rate sweep against our server, and routing across replicas.
+
+**Rate sweep, real server.** ``python -m tinyserve serve`` runs in its own process (one torch
+thread) and the load generator (:mod:`tinyserve.loadgen`) sends Harbor-shaped tickets
+(:func:`tinyserve.load_prompts.harbor_prompts`) as streamed completions with Poisson
+arrivals at each offered rate, timing every chunk on the client. Goodput counts requests
+that met the SLOs below. The knee is the rate with the most goodput: beyond it the server
+is offered more than it can serve on time, queues grow, and goodput *falls* while the raw
+request throughput stays flat. ``goodput_knee_vs_overload`` is goodput at the knee / at the
+highest offered rate (above 1: overloading costs on-time requests). The ``metrics`` object at
+the top level is the knee's operating point; the cost columns use ``PRICE_PER_HOUR``.
+
+**Routing, simulator.** Two simulated replicas (the shipped cost model) behind a router,
+chat traffic with a fifth long (448-token) prompts. ``sim_shape_routing_p99_ttft_improvement``
+is the short requests' p99 TTFT under round-robin / under routing by shape (long prompts to
+their own replica); ``sim_least_loaded_p99_ttft_improvement`` is round-robin / least-loaded
+(by in-flight count, blind to size). The long requests' price is in the table.
+
+**Routing, real (full run only).** The same three policies across two server processes on
+loopback, a smaller workload; measurements only (two processes and the client share two
+cores, so the figures are noisy).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tinyserve.engine import EngineConfig
+from tinyserve.load_prompts import harbor_prompts, ticket_prompts
+from tinyserve.loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, sweep, table_rows
+from tinyserve.metrics import summarize as summarize_traces
+from tinyserve.routing import (POLICIES, local_server, make_router, prompt_router,
+                               server_processes, simulate)
+from tinyserve.simulator import CostModel
+from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
+
+from .common import report, table, write_json
+
+SLO = SLOs(ttft_ms=1000.0, tpot_ms=100.0)
+PRICE_PER_HOUR = 1.0          # a small CPU machine, dollars per hour (illustrative)
+LONG = 256                    # prompts this long or longer are "long" for shape routing
+
+
+def _rate_sweep(quick: bool) -> dict[str, Any]:
+    if quick:
+        prompts = [p.__class__(p.text, p.prompt_tokens, 4, p.tag) for p in harbor_prompts(6)]
+        rates = [8.0, 64.0]
+    else:
+        prompts = harbor_prompts(60)          # stops before HT-0078, which cannot fit
+        rates = [1.0, 2.0, 4.0, 6.0, 8.0, 12.0]
+    show = lambda p: print(f"  {p['rate']:g} req/s offered: goodput "  # noqa: E731
+                           f"{p['metrics']['goodput']:.2f}, p99 TTFT "
+                           f"{p['metrics']['ttft_ms_p99']:.0f} ms", flush=True)
+    servers = local_server() if quick else server_processes(1)
+    with servers as handle:
+        url = handle[0]
+        run_load(url, "target", prompts[:2])            # warm-up: first-call costs
+        points = sweep(url, "target", prompts, rates, slos=SLO, price_per_hour=PRICE_PER_HOUR,
+                       on_point=show)
+    return {"points": points, "knee": knee(points), "prompts": len(prompts),
+            "prompt_tokens": [p.prompt_tokens for p in prompts],
+            "max_tokens": [p.max_tokens for p in prompts], "slo": SLO.__dict__,
+            "price_per_hour": PRICE_PER_HOUR, "server": "separate process" if not quick
+            else "thread of this process"}
+
+
+def _routing_workload(n: int, rate: float, seed: int) -> list:
+    return make_workload(n, rate, Mixture((Uniform(8, 48), Fixed(448)), (0.8, 0.2)),
+                         Uniform(16, 48), seed=seed)
+
+
+def _routing_sim(quick: bool) -> dict[str, Any]:
+    cost = CostModel.load()
+    config = EngineConfig(num_blocks=2048, block_size=16, max_num_seqs=16,
+                          max_num_batched_tokens=256)
+    specs = _routing_workload(100 if quick else 400, 8.0, seed=5)
+    out: dict[str, Any] = {"workload": describe(specs), "replicas": 2, "long_prompt": LONG,
+                           "cost_model": cost.__dict__}
+    for name in POLICIES:
+        seqs, where = simulate(specs, make_router(name, LONG), 2, config, cost)
+        short = [s.trace for sp, s in zip(specs, seqs) if sp.prompt_len < LONG]
+        long_ = [s.trace for sp, s in zip(specs, seqs) if sp.prompt_len >= LONG]
+        out[name] = {"short_p99_ttft_ms": summarize_traces(short)["p99_ttft_ms"],
+                     "long_p99_ttft_ms": summarize_traces(long_)["p99_ttft_ms"],
+                     "all_p99_ttft_ms": summarize_traces([s.trace for s in seqs])["p99_ttft_ms"],
+                     "requests_per_replica": [where.count(k) for k in range(2)]}
+    return out
+
+
+def _routing_real() -> dict[str, Any]:
+    prompts = ticket_prompts(40, Mixture((Uniform(8, 48), Fixed(448)), (0.8, 0.2)),
+                             Uniform(16, 48), seed=5)
+    out: dict[str, Any] = {"requests": len(prompts), "rate": 3.0, "replicas": 2}
+    with server_processes(2) as urls:
+        for url in urls:
+            run_load(url, "target", prompts[:2])
+        for name in POLICIES:
+            results = run_load(urls, "target", prompts, rate=3.0, seed=1,
+                               router=prompt_router(make_router(name, LONG)))
+            short = [r for r in results if r.prompt_tokens < LONG]
+            out[name] = {"short_p99_ttft_ms": summarize(short)["ttft_ms_p99"],
+                         "long_p99_ttft_ms": summarize([r for r in results if r not in short])[
+                             "ttft_ms_p99"],
+                         "all_p99_ttft_ms": summarize(results)["ttft_ms_p99"],
+                         "requests_per_replica": [sum(r.replica == k for r in results)
+                                                  for k in range(2)]}
+    return out
+
+
+def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+    print("rate sweep against our server (Harbor-shaped tickets, Poisson arrivals):")
+    swept = _rate_sweep(quick)
+    points, k = swept["points"], swept["knee"]
+    print(table(TABLE_COLUMNS, table_rows(points)))
+    at_knee, top = points[k]["metrics"], points[-1]["metrics"]
+    print(f"knee at {points[k]['rate']:g} req/s offered: goodput {at_knee['goodput']:.2f} req/s "
+          f"(SLO TTFT <= {SLO.ttft_ms:g} ms, TPOT <= {SLO.tpot_ms:g} ms); cost there "
+          f"${at_knee['cost_per_m_input_tokens']:.2f} per million input and "
+          f"${at_knee['cost_per_m_output_tokens']:.2f} per million output tokens "
+          f"at ${PRICE_PER_HOUR:g}/hour")
+    knee_gain = at_knee["goodput"] / max(top["goodput"], 1e-3)
+
+    sim = _routing_sim(quick)
+    print(f"\nrouting on 2 simulated replicas: {sim['workload']}")
+    print(table(["policy", "short p99 TTFT ms", "long p99 TTFT ms", "all p99 TTFT ms",
+                 "requests per replica"],
+                [[p, sim[p]["short_p99_ttft_ms"], sim[p]["long_p99_ttft_ms"],
+                  sim[p]["all_p99_ttft_ms"], sim[p]["requests_per_replica"]] for p in POLICIES]))
+    rr = sim["round-robin"]
+    shape_gain = rr["short_p99_ttft_ms"] / sim["shape"]["short_p99_ttft_ms"]
+    ll_gain = rr["all_p99_ttft_ms"] / sim["least-loaded"]["all_p99_ttft_ms"]
+    measurements: dict[str, Any] = {"sweep": swept, "routing_sim": sim}
+    if not quick:
+        real = _routing_real()
+        measurements["routing_real"] = real
+        print(f"\nrouting across 2 real server processes ({real['requests']} requests at "
+              f"{real['rate']:g} req/s):")
+        print(table(["policy", "short p99 TTFT ms", "long p99 TTFT ms", "all p99 TTFT ms",
+                     "requests per replica"],
+                    [[p, real[p]["short_p99_ttft_ms"], real[p]["long_p99_ttft_ms"],
+                      real[p]["all_p99_ttft_ms"], real[p]["requests_per_replica"]]
+                     for p in POLICIES]))
+    data = report("serve", {"goodput_knee_vs_overload": knee_gain,
+                            "sim_shape_routing_p99_ttft_improvement": shape_gain,
+                            "sim_least_loaded_p99_ttft_improvement": ll_gain},
+                  measurements,
+                  {"server": swept["server"], "threads": "1 torch thread per server",
+                   "slo": SLO.__dict__, "price_per_hour": PRICE_PER_HOUR}, quick)
+    data["metrics"] = {"rate": points[k]["rate"], **at_knee}
+    write_json(data, json_path)
+    if json_path:
+        from tinyserve.loadgen_plot import plot_sweep
+        path = json_path.rsplit(".", 1)[0] + ".png"
+        plot_sweep(points, path, title="tinyserve target, Harbor-shaped tickets")
+        print(f"wrote {path}")
+    return data

@@ -1,0 +1,285 @@
+"""A load generator for any OpenAI-compatible endpoint: ``python -m tinyserve loadgen``.
+
+It plays a workload against a server the way users would, and measures what *they* see: each
+request is a streamed completion (``"stream": true``), and every server-sent event is
+timestamped on arrival at the client. From those timestamps come the standard serving
+figures (the definitions of :mod:`tinyserve.metrics`, as in vLLM's benchmark):
+
+- **TTFT** first chunk - send time; **ITL** every gap between chunks (pooled over requests);
+  **TPOT** (E2E - TTFT) / (output tokens - 1) per request; **E2E** last chunk - send time;
+- **request / output throughput** completed requests and output tokens per second of the
+  run (first send to last finish); **goodput** completed requests per second that met every
+  SLO given (TTFT, TPOT, E2E limits in ms); failed or refused requests (429) count for nothing.
+
+Arrivals are Poisson or bursty at a rate (:func:`tinyserve.workload.arrival_times`), or
+everything at once with a concurrency cap (a fixed number of users, each sending its next
+request as soon as the last one finished). Prompts come from :mod:`tinyserve.load_prompts`.
+
+Output lengths: our server always stops at ``<|end|>`` (there is no ``ignore_eos``), so a
+request's ``max_tokens`` is a cap, and the report uses the *real* output lengths from the
+final usage chunk. Against vLLM, ``ignore_eos=True`` sends vLLM's flag to force exact
+lengths (our server accepts and ignores unknown fields).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .load_prompts import Prompt
+from .metrics import percentile
+from .workload import arrival_times
+
+
+@dataclass
+class Result:
+    """What the client saw of one request. Times are ``time.perf_counter()`` seconds."""
+
+    prompt_tokens: int
+    start: float                                  # when the request was sent
+    chunk_times: list[float] = field(default_factory=list)   # arrival of each token chunk
+    end: float | None = None                      # arrival of the last chunk
+    output_tokens: int = 0                        # from the usage chunk (else: chunk count)
+    ok: bool = False
+    status: int | None = None
+    error: str = ""
+    text: str = ""
+    finish_reason: str | None = None
+    server_timings: dict[str, float] | None = None   # the server's own view (tinyserve only)
+    replica: int = 0
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.start
+
+    @property
+    def e2e(self) -> float:
+        assert self.end is not None
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.chunk_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+@dataclass(frozen=True)
+class SLOs:
+    """Limits in milliseconds; ``None`` means no limit on that figure."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    def met(self, r: Result) -> bool:
+        checks = ((self.ttft_ms, r.ttft), (self.tpot_ms, r.tpot), (self.e2el_ms, r.e2e))
+        return r.ok and all(lim is None or v is None or v * 1e3 <= lim for lim, v in checks)
+
+
+async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
+               ignore_eos: bool = False, replica: int = 0) -> Result:
+    """One streamed completion; every chunk is timestamped as it arrives."""
+    body: dict[str, Any] = {"model": model, "prompt": prompt.text, "max_tokens": prompt.max_tokens,
+                            "temperature": 0.0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    res = Result(prompt.prompt_tokens, time.perf_counter(), replica=replica)
+    try:
+        async with client.stream("POST", base_url.rstrip("/") + "/v1/completions",
+                                 json=body) as r:
+            res.status = r.status_code
+            if r.status_code != 200:
+                raw = (await r.aread()).decode(errors="replace")
+                try:
+                    res.error = json.loads(raw)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    res.error = raw[:200]
+                res.end = time.perf_counter()
+                return res
+            pieces: list[str] = []
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                chunk = json.loads(data)
+                if chunk.get("choices"):
+                    choice = chunk["choices"][0]
+                    res.chunk_times.append(now)
+                    pieces.append(choice.get("text") or choice.get("delta", {}).get("content") or "")
+                    res.finish_reason = choice.get("finish_reason") or res.finish_reason
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                    res.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    res.server_timings = chunk.get("timings")
+            res.text = "".join(pieces)
+    except Exception as e:  # noqa: BLE001 - a failed request is a data point, not a crash
+        res.error = f"{type(e).__name__}: {e}"
+        res.end = time.perf_counter()
+        return res
+    res.end = res.chunk_times[-1] if res.chunk_times else time.perf_counter()
+    res.output_tokens = res.output_tokens or len(res.chunk_times)
+    res.ok = bool(res.chunk_times)
+    if not res.ok:
+        res.error = res.error or "the stream ended without a token"
+    return res
+
+
+# A router picks a replica for a prompt, given how many requests each one has in flight.
+Router = Callable[[Prompt, Sequence[int]], int]
+
+
+async def _run(urls: Sequence[str], model: str, prompts: Sequence[Prompt], rate: float,
+               burstiness: float, concurrency: int | None, seed: int, router: Router | None,
+               ignore_eos: bool, timeout_s: float) -> tuple[list[Result], float]:
+    import httpx
+    times = arrival_times(len(prompts), rate, np.random.default_rng(seed), burstiness)
+    in_flight = [0] * len(urls)
+    gate = asyncio.Semaphore(concurrency) if concurrency else None
+    limits = httpx.Limits(max_connections=max(100, len(prompts)), max_keepalive_connections=100)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+        async def one(i: int) -> Result:
+            if gate is not None:
+                await gate.acquire()
+            try:
+                k = router(prompts[i], in_flight) if router else i % len(urls)
+                in_flight[k] += 1
+                try:
+                    return await send(client, urls[k], model, prompts[i], ignore_eos=ignore_eos,
+                                      replica=k)
+                finally:
+                    in_flight[k] -= 1
+            finally:
+                if gate is not None:
+                    gate.release()
+
+        t0 = time.perf_counter()
+        tasks = []
+        for i, t in enumerate(times):
+            delay = t0 + t - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        results = list(await asyncio.gather(*tasks))
+    return results, t0
+
+
+def run_load(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt], *,
+             rate: float = float("inf"), burstiness: float = 1.0, concurrency: int | None = None,
+             seed: int = 0, router: Router | None = None, ignore_eos: bool = False,
+             timeout_s: float = 300.0) -> list[Result]:
+    """Send ``prompts`` at ``rate`` requests/s (``inf``: all at once, capped by
+    ``concurrency``) to one or several base URLs (``router`` picks; round-robin by default).
+    Works from plain scripts and from a notebook (whose event loop is already running)."""
+    if isinstance(urls, str):
+        urls = [urls]
+    if not prompts:
+        raise ValueError("no prompts to send; give at least one")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    coro = lambda: _run(list(urls), model, prompts, rate, burstiness, concurrency, seed,  # noqa: E731
+                        router, ignore_eos, timeout_s)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro())[0]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:   # inside Jupyter's running loop
+        return pool.submit(lambda: asyncio.run(coro())).result()[0]
+
+
+def summarize(results: Sequence[Result], slos: SLOs | None = None,
+              price_per_hour: float | None = None, input_weight: float = 1.0) -> dict[str, float]:
+    """The benchmark figures of one run, keyed like ``ttft_ms_p99`` / ``goodput``.
+
+    Cost: with ``price_per_hour`` (the machine's, any currency), the hour is split between
+    input and output tokens in proportion to ``tokens * weight`` (input tokens weigh
+    ``input_weight``, output tokens 1; 1.0 charges every token alike, 0.25 mimics price sheets
+    where prompt tokens cost a quarter), and each side's share is divided by the tokens served
+    per hour at this operating point."""
+    ok = [r for r in results if r.ok]
+    if not ok:
+        errors = sorted({r.error for r in results})[:3]
+        raise RuntimeError(f"no request completed ({len(results)} sent); errors: {errors}")
+    start = min(r.start for r in results)
+    duration = max(r.end or r.start for r in results) - start
+    n_in, n_out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
+    slos = slos or SLOs()
+    out: dict[str, float] = {
+        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
+        "total_input_tokens": n_in, "total_output_tokens": n_out,
+        "mean_output_tokens": n_out / len(ok),
+        "request_throughput": len(ok) / duration, "output_throughput": n_out / duration,
+        "input_throughput": n_in / duration,
+        "goodput": sum(slos.met(r) for r in ok) / duration,
+        "slo_attainment": sum(slos.met(r) for r in ok) / len(results),
+    }
+    series = {"ttft": [r.ttft for r in ok], "tpot": [x for r in ok if (x := r.tpot) is not None],
+              "itl": [g for r in ok for g in r.itl], "e2el": [r.e2e for r in ok]}
+    for name, values in series.items():
+        if not values:
+            continue
+        ms = [v * 1e3 for v in values]
+        out[f"{name}_ms_mean"] = float(np.mean(ms))
+        for q in (50, 90, 99):
+            out[f"{name}_ms_p{q}"] = percentile(ms, q)
+    if price_per_hour is not None:
+        weighted = input_weight * n_in + n_out
+        per_hour = 3600 / duration            # runs of this run's length in an hour
+        unit = price_per_hour / (weighted * per_hour)   # price of one weighted token
+        out["cost_per_m_input_tokens"] = unit * input_weight * 1e6
+        out["cost_per_m_output_tokens"] = unit * 1e6
+    return out
+
+
+def sweep(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt],
+          rates: Sequence[float], *, slos: SLOs | None = None,
+          price_per_hour: float | None = None, input_weight: float = 1.0,
+          burstiness: float = 1.0, seed: int = 0, router: Router | None = None,
+          on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """One run per offered rate (same prompts, same seed): the curve that shows the knee."""
+    points = []
+    for rate in rates:
+        results = run_load(urls, model, prompts, rate=rate, burstiness=burstiness, seed=seed,
+                           router=router)
+        point = {"rate": rate, "metrics": summarize(results, slos, price_per_hour, input_weight),
+                 "errors": sorted({r.error for r in results if not r.ok})[:3]}
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+    return points
+
+
+def knee(points: Sequence[dict[str, Any]]) -> int:
+    """Index of the operating point with the most goodput (the lowest rate among ties): past
+    it, more offered load buys queueing, not served-on-time requests."""
+    best = max(p["metrics"]["goodput"] for p in points)
+    return next(i for i, p in enumerate(points) if p["metrics"]["goodput"] >= 0.98 * best)
+
+
+TABLE_COLUMNS = ("rate", "req/s", "out tok/s", "goodput", "TTFT p50", "TTFT p99", "TPOT p50",
+                 "ITL p99", "E2E p99", "failed")
+
+
+def table_rows(points: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    rows = []
+    for p in points:
+        m = p["metrics"]
+        rows.append([f"{p['rate']:g}", m["request_throughput"], m["output_throughput"],
+                     m["goodput"], m["ttft_ms_p50"], m["ttft_ms_p99"], m.get("tpot_ms_p50", "-"),
+                     m.get("itl_ms_p99", "-"), m["e2el_ms_p99"], m["failed"]])
+    return rows
