@@ -6,13 +6,14 @@ Variants of the shipped target, each against the fp32 model with the fp32 cache:
 - **int8 weights**: :func:`tinyserve.quant.quantize_model` (per-channel int8, tied matrix
   included), three kernels: ``scale_after`` (the default), ``reference`` (dequantize, then
   matmul) and ``int8pack`` (PyTorch's fused CPU kernel; CPU only);
+- **int8 weights, fp32 embedding**: the tied embedding / LM head left in float;
 - **int8 KV**: fp32 weights, :class:`tinyserve.quant.Int8KVCache`;
 - **int8 weights + KV**: both.
 
 Memory is counted from tensor bytes (weights: each storage once; KV: one sequence filling
 the 512-token window). Decode speed: batch 1, greedy, ms per decode step after a short
-(16-token) and a long (384-token) prompt, medians of 7 rounds in which the variants take
-turns (so another process's load hits them alike); speed-ups are fp32 time
+(16-token) and a long (384-token) prompt, mean over 32 steps, median of 7 rounds in which
+the variants take turns (so another process's load hits them alike); speed-ups are fp32 time
 / variant time. Quality: :func:`tinyserve.quant.quality` on the first held-out validation
 windows (teacher-forced): logit error, greedy agreement and the relative change of
 validation loss. ``--quick`` runs a tiny random model on random tokens: shape only.
