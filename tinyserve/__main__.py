@@ -3,6 +3,7 @@
   generate    continue a prompt with a shipped model
   bench       run a benchmark suite (python -m tinyserve bench --help lists them)
   serve       an OpenAI-compatible HTTP server (streaming, /metrics) on 127.0.0.1:8000
+  loadgen     load-test an OpenAI-compatible server: latency percentiles, goodput, cost
   calibrate   fit the scheduling simulator's cost model to the real model on this machine
   train       train a preset (target or draft) and ship its weights
   export-hf   write a Hugging Face Llama folder
@@ -181,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--queue-timeout", type=float, default=30.0,
                    help="seconds a request may wait for admission before it gets 429")
     s.set_defaults(func=_cmd_serve)
+
+    from .loadgen_cli import add_parser as add_loadgen_parser
+    add_loadgen_parser(sub)
 
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
     k.add_argument("--model", default="target", choices=["target", "draft"])
