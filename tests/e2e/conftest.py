@@ -53,6 +53,15 @@ def browser_skip_reason() -> str | None:
     return None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Assertions on the page wait up to 30 s (a busy 2-core machine), not Playwright's 5 s.
+    try:
+        from playwright.sync_api import expect
+    except ImportError:
+        return
+    expect.set_options(timeout=30_000)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason = browser_skip_reason()
     if reason is None:

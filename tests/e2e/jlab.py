@@ -136,8 +136,14 @@ def validate(page: "Page") -> "Locator":
     """Press nbgrader's Validate button (it saves, then the server runs the notebook); return
     the results dialog's message once it is there (classes validation-failed / -success)."""
     current_notebook(page).locator(".jp-Toolbar").get_by_role("button", name="Validate").click()
-    message = page.locator(".jp-Dialog #validation-message")
-    message.wait_for(timeout=VALIDATE_TIMEOUT_MS)
+    # Either the results, or nbgrader's error dialog ("Cannot check version", "Cannot
+    # validate") when the server side is missing or broken: fail at once, saying which.
+    dialog = page.locator(".jp-Dialog").filter(has_text="Validat")
+    dialog.wait_for(timeout=VALIDATE_TIMEOUT_MS)
+    message = dialog.locator("#validation-message")
+    if message.count() == 0:
+        raise AssertionError("Validate did not report test results; its dialog says: "
+                             + dialog.inner_text()[:500])
     return message
 
 
