@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from jlab import ROOT, LabServer
+from .jlab import ROOT, LabServer
 
 ARTIFACTS = ROOT / "artifacts" / "e2e"
 

@@ -17,9 +17,9 @@ import nbformat
 from nbclient import NotebookClient
 from playwright.sync_api import sync_playwright
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import ARTIFACTS, CHROMIUM_ARGS, chromium_path  # noqa: E402
-from jlab import ROOT, LabServer, copy_course, current_notebook, reveal  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from e2e.conftest import ARTIFACTS, CHROMIUM_ARGS, chromium_path  # noqa: E402
+from e2e.jlab import ROOT, LabServer, copy_course, current_notebook, reveal  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 CHAPTER = "course/02_kv_cache.ipynb"

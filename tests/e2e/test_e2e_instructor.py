@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from jlab import ROOT, copy_course, reveal
+from .jlab import ROOT, copy_course, reveal
 
 ASSIGNMENTS = ("kv_cache_basics", "harbor_capacity")
 NAME = "kv_cache_basics"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect
 
-from jlab import (close_dialog, copy_course, current_notebook, replace_cell_source, reveal,
+from .jlab import (close_dialog, copy_course, current_notebook, replace_cell_source, reveal,
                   run_all_cells, validate)
 
 # What a learner types into 1a: first with the classic slip (no factor 2 for K and V), then right.
