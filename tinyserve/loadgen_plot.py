@@ -12,7 +12,11 @@ def plot_sweep(points: Sequence[dict[str, Any]], path: str | None = None,
     """Left: TTFT p50/p99, TPOT p50 and ITL p99 (ms, log scale) per offered rate. Right:
     request throughput and goodput against the offered rate, with the line where served
     equals offered. The knee (most goodput) is marked on both."""
+    import logging
+
     import matplotlib
+    # Log-scale tick labels ask for math fonts this install may lack; the fallback is fine.
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
     if path is not None:
         matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
