@@ -13,14 +13,15 @@
   m = 4 (both are fractions; smaller is better).
 
 Conditions: the shipped target, fp32, one torch thread per process (two ranks on the
-2-core machine, against one process on one core), gloo over loopback on the CPU. A GPU
+2-core machine, against one process on one core), gloo over loopback on the CPU. The
+one-process figures are taken by rank 0 alone, taking turns with the 2-rank runs inside one
+launch, so both see the same moments of a shared machine's load (which the report records). A GPU
 machine with one GPU per rank would use nccl; with fewer GPUs than ranks the ranks run on
 the CPU, as here. ``--quick`` runs a tiny random model with few repeats: its figures only
 check the report's shape.
 """
 from __future__ import annotations
 
-import copy
 import os
 import statistics
 from typing import Any
@@ -28,13 +29,12 @@ from typing import Any
 import torch
 
 from tinyserve.config import ModelConfig
-from tinyserve.kv_cache import KVCache
 from tinyserve.launch import choose_backend, launch
 from tinyserve.model import TinyLlama
-from tinyserve.parallel import time_phases, tp_bench_worker
-from tinyserve.pipeline import bubble_formula, measured_bubble, pp_bench_worker
+from tinyserve.parallel_bench import pp_bench_worker, tp_bench_worker
+from tinyserve.pipeline import bubble_formula, measured_bubble
 
-from .common import median_seconds, report, table, write_json
+from .common import report, table, write_json
 
 WORLD = 2
 QUICK_CONFIG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
@@ -87,21 +87,12 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     print(f"bench parallel: {name}, fp32, {WORLD} ranks over {backend} vs 1 process, "
           f"1 thread each", flush=True)
 
-    # The baseline runs where rank 0 runs: the CPU under gloo, the first GPU under nccl.
-    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
-    base = copy.deepcopy(model).to(device)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the single process gets one core, like each rank
-    try:
-        with torch.no_grad():
-            single = time_phases(base, KVCache.for_model(base, 1, prompt + 1),
-                                 tp_ids.to(device), repeats)
-            batch_s = median_seconds(lambda: base(pp_ids.to(device)), device, repeats)
-    finally:
-        torch.set_num_threads(threads)
+    # The one-process baseline is timed by rank 0, on one thread like each rank, taking turns
+    # with the split runs (see tinyserve.parallel_bench).
     ranks = launch(both_schemes_worker, WORLD, model, tp_ids, pp_ids, counts, repeats,
                    timeout_s=120 if quick else 600, backend=backend)
     tp = ranks[0]["tp"]
+    single = {f"{ph}_ms": tp[f"single_{ph}_ms"] for ph in ("prefill", "decode")}
 
     print(f"\ntensor parallel: prefill of {prompt} tokens, then one decode step (batch 1, "
           f"median of {repeats})")
@@ -114,8 +105,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
 
     pp = _pp_rows(ranks, counts)
     print(f"\npipeline parallel: {WORLD} stages, batch {batch} x {tokens} tokens cut into m "
-          f"micro-batches (median of {repeats}); one process, whole batch: "
-          f"{1e3 * batch_s:.2f} ms")
+          f"micro-batches (median of {repeats})")
     print(table(["m", "bubble measured", "bubble formula", "pass ms", "stage 0 ms/mb",
                  "stage 1 ms/mb"],
                 [[r["micro_batches"], r["bubble_measured"], r["bubble_formula"], r["pass_ms"],
@@ -131,7 +121,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
                 "pp_bubble_formula": at4["bubble_formula"]},
         measurements={"tp": {"single_process": single, "ranks": [r["tp"] for r in ranks],
                              "all_reduces_per_forward": 2 * layers},
-                      "pp": pp, "pp_single_process_batch_ms": 1e3 * batch_s},
+                      "pp": pp},
         conditions={"model": name, "dtype": "float32", "world_size": WORLD, "backend": backend,
                     "device": "cuda" if backend == "nccl" else "cpu", "threads_per_process": 1,
                     "tp_prompt_tokens": prompt, "tp_batch": 1, "pp_batch": batch,

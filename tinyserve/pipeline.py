@@ -206,21 +206,3 @@ def pp_check_worker(rank: int, stages: int, model: TinyLlama, input_ids: Tensor,
     tokens = pipeline_greedy(stage, prompt_ids, max_tokens)
     return {"logits": torch.cat(outputs).cpu() if outputs else None, "timeline": timeline,
             "tokens": tokens, "layers": (stage.first_layer, stage.end_layer)}
-
-
-@torch.no_grad()
-def pp_bench_worker(rank: int, stages: int, model: TinyLlama, ids: Tensor,
-                    micro_batch_counts: list[int], repeats: int,
-                    threads: int = 1) -> dict[int, list[Timeline]]:
-    """One stage of the bench: the timeline of every repeat, for each micro-batch count."""
-    torch.set_num_threads(threads)
-    stage = Stage(model, rank, stages).to(rank_device(rank))
-    out: dict[int, list[Timeline]] = {}
-    for m in micro_batch_counts:
-        chunks = split_micro_batches(ids, m)
-        pipeline_forward(stage, chunks)  # warm-up
-        out[m] = []
-        for _ in range(repeats):
-            dist.barrier()  # every stage starts the pass together
-            out[m].append(pipeline_forward(stage, chunks)[1])
-    return out
