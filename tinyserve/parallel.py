@@ -18,9 +18,9 @@ and the LM head stay replicated (every rank computes them whole), so after each 
 every rank holds the same hidden state and picks the same next token.
 
 :func:`tp_forward_in_process` runs the same split in one process (the all-reduce is a plain
-sum over the shards), which checks the math without any processes. :func:`launch` starts
-real ranks (:mod:`tinyserve.launch`); :func:`tp_check_worker` and :func:`tp_bench_worker` are
-what each rank runs.
+sum over the shards), which checks the math without any processes. Real ranks are started by
+:func:`tinyserve.launch.launch`; :func:`tp_check_worker` is what each rank runs to check the
+split against the model, and :mod:`tinyserve.parallel_bench` times it.
 """
 from __future__ import annotations
 
