@@ -77,6 +77,13 @@ def test_router_spreads_requests_over_urls(server) -> None:
     assert [r.replica for r in results] == [0, 1, 0, 1] and all(r.ok for r in results)
 
 
+def test_fixed_concurrency_of_one_never_overlaps(server) -> None:
+    url, _ = server
+    results = run_load(url, "target", corpus_prompts(3, max_tokens=2), concurrency=1)
+    assert all(r.ok for r in results)
+    assert all(b.start >= a.end for a, b in zip(results, results[1:]))
+
+
 def test_cli_writes_the_metrics_object(server, tmp_path: Path) -> None:
     url, _ = server
     out = tmp_path / "lg.json"
