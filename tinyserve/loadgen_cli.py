@@ -48,6 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--input-weight", type=float, default=1.0,
                    help="an input token's share of cost relative to an output token's")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the one untimed request each server gets first")
     p.add_argument("--json", help="write the figures (a 'metrics' object, every point) here")
     p.add_argument("--plot", help="write the latency/goodput-vs-load plot here (PNG)")
     p.set_defaults(func=main)
@@ -55,7 +57,7 @@ def add_parser(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from bench.common import table
-    from .load_prompts import corpus_prompts, harbor_prompts
+    from .load_prompts import Prompt, corpus_prompts, harbor_prompts
     from .loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
     from .routing import make_router, prompt_router, server_processes
 
@@ -71,6 +73,10 @@ def main(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         urls = args.url or stack.enter_context(server_processes(args.replicas))
         print(f"{len(prompts)} requests to {', '.join(urls)} (model {args.model})", flush=True)
+        if not args.no_warmup:   # one short request per server first: first-call costs
+            warm = [Prompt(prompts[0].text, prompts[0].prompt_tokens, 2)]
+            for url in urls:
+                run_load(url, args.model, warm)
         points = []
         for rate in args.rate:
             router = prompt_router(make_router(args.route, args.long_prompt)) if len(urls) > 1 else None
