@@ -104,6 +104,18 @@ def test_bad_arguments_name_the_limit(capsys: pytest.CaptureFixture[str]) -> Non
         run_load("http://127.0.0.1:9", "target", [])
     assert main(["loadgen", "--num-requests", "0"]) == 2
     assert "--num-requests must be at least 1" in capsys.readouterr().err
+    assert main(["loadgen", "--dataset", "uniform", "--prompt-len", "50", "10"]) == 2
+    assert "--prompt-len takes LOW HIGH with 1 <= LOW <= HIGH" in capsys.readouterr().err
+
+
+def test_uniform_ticket_prompts_have_the_asked_lengths(tok) -> None:
+    from tinyserve.load_prompts import ticket_prompts
+    prompts = ticket_prompts(6, Uniform(20, 300), Fixed(64), seed=1)
+    for p in prompts:
+        assert 18 <= p.prompt_tokens <= 302 and p.text.endswith("<|reply|>")
+        assert p.max_tokens == min(64, 512 - p.prompt_tokens)
+    long_ = ticket_prompts(1, Fixed(500), Fixed(64))[0]
+    assert long_.max_tokens == 12             # lowered so that prompt + cap fits the window
 
 
 def _result(start: float, chunks: list[float], prompt: int = 10) -> Result:

@@ -35,9 +35,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--concurrency", type=int, default=None,
                    help="at most this many requests in flight (with --rate inf: fixed users)")
     p.add_argument("--num-requests", type=int, default=50)
-    p.add_argument("--dataset", default="harbor", choices=["harbor", "tickets"],
-                   help="harbor: the Harbor fixtures scaled to the window; tickets: whole tickets")
+    p.add_argument("--dataset", default="harbor", choices=["harbor", "tickets", "uniform"],
+                   help="harbor: the Harbor fixtures scaled to the window; tickets: whole "
+                        "tickets; uniform: ticket text cut to --prompt-len, caps --output-len")
     p.add_argument("--max-tokens", type=int, default=64, help="output cap for --dataset tickets")
+    p.add_argument("--prompt-len", type=int, nargs=2, default=[16, 256], metavar=("LOW", "HIGH"),
+                   help="prompt tokens for --dataset uniform (inclusive range)")
+    p.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LOW", "HIGH"),
+                   help="output caps for --dataset uniform (inclusive range)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send vLLM's ignore_eos (exact output lengths there; ours ignores it)")
     p.add_argument("--slo-ttft-ms", type=float, default=None)
@@ -57,9 +62,10 @@ def add_parser(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from bench.common import table
-    from .load_prompts import Prompt, corpus_prompts, harbor_prompts
+    from .load_prompts import Prompt, corpus_prompts, harbor_prompts, ticket_prompts
     from .loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
     from .routing import make_router, prompt_router, server_processes
+    from .workload import Uniform
 
     if args.num_requests < 1:
         raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
@@ -67,8 +73,17 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--rate takes positive requests/s (or inf), got {args.rate}")
     if args.url and args.replicas != 1:
         raise ValueError("--replicas starts our own servers; with --url give one --url per replica")
-    prompts = (harbor_prompts(args.num_requests) if args.dataset == "harbor"
-               else corpus_prompts(args.num_requests, args.max_tokens))
+    if args.dataset == "harbor":
+        prompts = harbor_prompts(args.num_requests)
+    elif args.dataset == "tickets":
+        prompts = corpus_prompts(args.num_requests, args.max_tokens)
+    else:
+        for name, (low, high) in (("--prompt-len", args.prompt_len),
+                                  ("--output-len", args.output_len)):
+            if not 1 <= low <= high:
+                raise ValueError(f"{name} takes LOW HIGH with 1 <= LOW <= HIGH, got {low} {high}")
+        prompts = ticket_prompts(args.num_requests, Uniform(*args.prompt_len),
+                                 Uniform(*args.output_len), seed=args.seed)
     slos = SLOs(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2el_ms)
     with contextlib.ExitStack() as stack:
         urls = args.url or stack.enter_context(server_processes(args.replicas))
