@@ -20,7 +20,10 @@ _BLOCKED = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "o
 _RECORDED = ("socket.connect", "socket.bind", "socket.sendto", "sys.addaudithook",
              "os.kill", "os.killpg")
 # platform.* asks `uname` at start-up; refused like any process, but not worth a flag.
-_QUIET_PROGRAMS = ("uname",)
+# Still refused, but not flagged: libraries probe these on their own. platform calls uname;
+# matplotlib asks fc-list for system fonts the first time it builds its font cache, and on
+# refusal scans the font folders itself, so a learner's plot still draws.
+_QUIET_PROGRAMS = ("uname", "fc-list")
 _MAX_RECORDS = 200
 
 
