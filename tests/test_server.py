@@ -152,6 +152,19 @@ def test_seeded_sampling_is_reproducible(server) -> None:
     assert runs[0] == runs[1] != other
 
 
+def test_ignore_eos_runs_to_max_tokens(server) -> None:
+    url, _ = server
+    messages = [{"role": "user", "content": "Subject: Login fails\n\nI cannot log in."}]
+    c = _client(url)
+    natural = c.chat.completions.create(model="target", messages=messages, max_tokens=300,
+                                        temperature=0)
+    assert natural.choices[0].finish_reason == "stop"      # the reply ends with <|end|>
+    n = natural.usage.completion_tokens + 20
+    forced = c.chat.completions.create(model="target", messages=messages, max_tokens=n,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert forced.usage.completion_tokens == n and forced.choices[0].finish_reason == "length"
+
+
 def test_stop_strings_cut_the_text(server, model, tok) -> None:
     url, _ = server
     full = _reference(model, tok, PROMPT, 40)

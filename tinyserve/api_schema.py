@@ -2,7 +2,7 @@
 
 Field names, defaults and response shapes follow OpenAI's Completions and Chat Completions
 APIs, so the official ``openai`` client works unchanged. Extensions that vLLM also accepts
-(``top_k``, ``stop_token_ids``) are allowed; parameters we cannot honour (``n`` > 1,
+(``top_k``, ``stop_token_ids``, ``ignore_eos``) are allowed; parameters we cannot honour (``n`` > 1,
 ``logprobs``, ``best_of`` > 1) are refused with a message rather than silently ignored.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ class _Common(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False   # vLLM's extension: run to max_tokens (fixed-length load tests)
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1)

@@ -183,7 +183,8 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
             raise APIError(400, str(e), param="stop") from None
         sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k,
                                   top_p=body.top_p if body.top_p < 1 else None, seed=body.seed)
-        stop_ids = (tok.eos_id, *(body.stop_token_ids or ()))
+        eos = () if body.ignore_eos else (tok.eos_id,)
+        stop_ids = (*eos, *(body.stop_token_ids or ()))
         engine: AsyncEngine = state["engine"]
         try:
             stream = engine.submit(ids, max_tokens, sampling=sampling, stop_ids=stop_ids,
