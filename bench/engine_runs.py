@@ -30,7 +30,7 @@ def run_engine(model: TinyLlama, config: EngineConfig, specs: Sequence[RequestSp
     warm = Engine(model, config)              # one untimed request: first-call costs
     warm.add_request([7] * 8, 2)
     warm.run()
-    seqs = serve(engine, specs, model.config.vocab_size, seed)
+    seqs = serve(engine, specs, model.config.vocab_size, seed, progress=True)
     return seqs, engine
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .block_manager import BlockManager
 from .engine import Engine, EngineConfig, StepRecord
@@ -108,7 +109,8 @@ def simulated_engine(config: EngineConfig, cost: CostModel | None = None,
 
 def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
           seed: int = 0, max_queue: int | None = None,
-          on_step: Callable[[Engine], None] | None = None) -> list[Seq]:
+          on_step: Callable[[Engine], None] | None = None, progress: bool = False,
+          ) -> list[Seq]:
     """Feed ``specs`` to ``engine`` at their arrival times and step until all are done.
 
     Works the same on a real engine (wall clock; it sleeps when idle) and a simulated one
@@ -116,12 +118,14 @@ def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
     waiting for a busy engine to look at the queue counts as queueing, as it would for a
     user. With ``max_queue``, a request that finds that many already waiting is rejected
     (finish reason ``"rejected"``) instead of queued: the overload policy of chapter 5.
-    ``on_step(engine)`` is called after every step (to sample memory use, queue length...).
+    ``on_step(engine)`` is called after every step (to sample memory use, queue length...);
+    ``progress`` shows a bar of finished requests (a real run can take minutes).
     """
     order = sorted(range(len(specs)), key=lambda i: specs[i].arrival)
     t0 = engine.now()
     seqs: list[Seq] = []
     pending = 0
+    bar = tqdm(total=len(specs), desc="requests", unit="req", disable=not progress, leave=False)
     while pending < len(order) or engine.has_unfinished():
         now = engine.now() - t0
         while pending < len(order) and specs[order[pending]].arrival <= now:
@@ -135,11 +139,13 @@ def serve(engine: Engine, specs: Sequence[RequestSpec], vocab_size: int = 4096,
                                                arrival=t0 + spec.arrival))
             pending += 1
         if engine.has_unfinished():
-            engine.step()
+            finished = sum(e.finished for e in engine.step())
             if on_step is not None:
                 on_step(engine)
+            bar.update(finished)
         elif pending < len(order):
             engine.executor.wait_until(t0 + specs[order[pending]].arrival)
+    bar.close()
     return seqs
 
 
