@@ -26,7 +26,7 @@ def bench_model(quick: bool) -> tuple[TinyLlama, str]:
 
 def run_engine(model: TinyLlama, config: EngineConfig, specs: Sequence[RequestSpec],
                seed: int = 0) -> tuple[list[Seq], Engine]:
-    engine = Engine(model, config)
+    engine = Engine(model, config, record_steps=True)
     warm = Engine(model, config)              # one untimed request: first-call costs
     warm.add_request([7] * 8, 2)
     warm.run()
@@ -34,11 +34,16 @@ def run_engine(model: TinyLlama, config: EngineConfig, specs: Sequence[RequestSp
     return seqs, engine
 
 
-def figures(seqs: Sequence[Seq], slo: SLO | None = None) -> dict[str, Any]:
-    """Latency percentiles (ms) and throughput of the completed requests of a run."""
+def figures(seqs: Sequence[Seq], slo: SLO | None = None,
+            engine: Engine | None = None) -> dict[str, Any]:
+    """Latency percentiles (ms) and throughput of the completed requests of a run, and the
+    mean number of sequences per step when the engine recorded its steps."""
     traces = completed_traces(seqs)
     out = {k: round(v, 3) if isinstance(v, float) else v
            for k, v in summarize(traces).items()}
+    if engine is not None and engine.step_log:
+        out["mean_rows_per_step"] = round(
+            sum(r.num_rows for r in engine.step_log) / len(engine.step_log), 3)
     out.update({k: round(v, 3) for k, v in throughput(traces, slo).items()})
     out["preemptions"] = sum(s.preemptions for s in seqs)
     return out
