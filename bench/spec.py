@@ -9,7 +9,7 @@ output before any figure is reported. Times are, per prompt, the fastest of 5 ru
 and speculative alternating (see ``paired_seconds``), summed over the prompts.
 
 Then the cost model behind the figures: the time of one target pass over 1 token (decode)
-and over k + 1 tokens (verify), and of one draft pass, at batch sizes 1 to 32. The predicted
+and over k + 1 tokens (verify), and of one draft pass, at batch sizes 1 to 64. The predicted
 speed-up is ``E[tokens per pass] / (k * draft + verify)`` in units of one decode pass, with
 E = (1 - a^(k+1)) / (1 - a). At batch 1 a verify pass costs about one decode pass; as the
 batch grows the pass stops being overhead-bound and verifying k extra tokens per row costs
@@ -182,7 +182,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
 
     # The cost model: pass times by width and batch, and the speed-up they predict.
     context = min(100, target.config.max_position_embeddings - 8)
-    batches = (1, 2) if quick else (1, 4, 16, 32)
+    batches = (1, 2) if quick else (1, 4, 16, 32, 64)
     widths = [1] + [k + 1 for k in KS]
     sweep = []
     for b in batches:
