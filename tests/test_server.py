@@ -6,20 +6,17 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import threading
 import time
-from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 import tinyserve
 from tinyserve.engine import EngineConfig
 from tinyserve.generate import generate_ids
-from tinyserve.server import create_app
+from tinyserve.routing import local_server
 
 PROMPT = ("<|ticket|>Ticket: HB-1 | Workspace: acme | Plan: Team | Channel: email\nFrom: Ana\n"
           "Subject: Refund for unused seats\n\nWe removed 3 seats last week. Can we get a refund?\n"
@@ -36,31 +33,9 @@ def tok():
     return tinyserve.load_tokenizer()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
 def running_server(model, tok, **kwargs):
-    app = create_app("target", model=model, tokenizer=tok, **kwargs)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if time.time() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the server did not shut down"
+    """Our server in a thread on a free loopback port (stops, drained, at the end)."""
+    return local_server("target", model=model, tokenizer=tok, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -289,18 +264,25 @@ def test_overload_gets_429_and_admitted_requests_complete(model, tok) -> None:
 def test_queue_deadline_gets_429(model, tok) -> None:
     config = EngineConfig(num_blocks=256, block_size=16, max_num_seqs=1, max_num_batched_tokens=128)
     with running_server(model, tok, engine_config=config, queue_timeout_s=0.2) as (url, _):
-        async def main() -> list[httpx.Response]:
+        async def main() -> tuple[int, httpx.Response]:
             async with httpx.AsyncClient(timeout=120) as client:
-                long = client.post(f"{url}/v1/completions", json={
-                    "model": "target", "prompt": PROMPT, "max_tokens": 120, "temperature": 0})
-                await asyncio.sleep(0.05)
-                late = client.post(f"{url}/v1/completions", json={
-                    "model": "target", "prompt": PROMPT, "max_tokens": 5, "temperature": 0})
-                return await asyncio.gather(long, late)
+                # One slot: a long request holds it for ~400 decode steps (over 0.4 s even on
+                # a fast machine), and the late one can only wait past its 0.2 s deadline.
+                body = {"model": "target", "prompt": PROMPT, "max_tokens": 400,
+                        "temperature": 0, "stream": True, "ignore_eos": True}
+                async with client.stream("POST", f"{url}/v1/completions", json=body) as long:
+                    lines = long.aiter_lines()
+                    while not (await lines.__anext__()).startswith("data: "):
+                        pass                                 # the long one is running now
+                    late = await client.post(f"{url}/v1/completions", json={
+                        "model": "target", "prompt": PROMPT, "max_tokens": 5, "temperature": 0})
+                    chunks = 1 + sum([line.startswith("data: {") async for line in lines])
+                return chunks, late
 
-        first, second = asyncio.run(main())
-        assert first.status_code == 200
-        assert second.status_code == 429 and "deadline 0.2 s" in second.json()["error"]["message"]
+        chunks, late = asyncio.run(main())
+        assert chunks == 400                                 # the running request was untouched
+        assert late.status_code == 429 and "deadline 0.2 s" in late.json()["error"]["message"]
+        assert int(late.headers["Retry-After"]) >= 1
 
 
 def test_shutdown_drains_in_flight_requests(model, tok) -> None:

@@ -195,3 +195,5 @@ def local_server(model_name: str = "target", **app_kwargs: Any) -> Iterator[tupl
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        if thread.is_alive():
+            raise RuntimeError("the server thread did not shut down within 30 s")
