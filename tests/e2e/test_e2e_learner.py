@@ -35,7 +35,7 @@ def test_learner_runs_the_first_exercise_and_validates(start_lab, page: Page,
     page.goto(lab.url + "/")
     landing = current_notebook(page)
     landing.get_by_role("heading", name="Start here").wait_for()
-    expect(landing.get_by_role("heading", name="A session of about 4 hours")).to_be_visible()
+    expect(landing.get_by_role("heading", name="Three sittings of about 4 hours")).to_be_visible()
     page.screenshot(path=str(artifacts / "01-landing.png"))
     landing.get_by_role("link", name="exercises/kv_cache_basics").click()
 
