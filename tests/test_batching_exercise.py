@@ -3,37 +3,26 @@ visible and hidden test, a blank release that earns nothing, and messages that n
 classic mistakes (left padding, reading logits at a pad, refilling slots only when the batch
 is empty, the useful fraction reported as waste...).
 
-The notebook loads the shipped target model, so each kernel run takes a few seconds on 2
-cores. Helpers come from the kv_cache_basics exercise's tests.
+The notebook loads the shipped target model, so each kernel run takes a few seconds on 2 cores.
+The checks every graded exercise shares live in exercise_checks.
 """
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
-import nbformat
 import pytest
 
-from test_grading_pipeline import needs_sandbox
-from test_harbor_worksheet import MARKERS, _errors, _execute, _is_test, _meta
-from test_kv_cache_basics import _copy, _with_source_tests
+from exercise_checks import (check_manual_answers_blank, check_named_mistakes,
+                             check_points_and_answers, check_rubrics_above_answers,
+                             check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
+                             run_blank_release, run_probe, source_fixture)
 
-ROOT = Path(__file__).resolve().parents[1]
 NAME = "batching"
-SOURCE_DIR = ROOT / "solutions" / NAME
-SOURCE = SOURCE_DIR / f"{NAME}.ipynb"
-RELEASED = ROOT / "exercises" / NAME / f"{NAME}.ipynb"
+SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
+source = source_fixture(SOURCE)
 
 TEST_POINTS = {"test_pad_ids": 2, "test_pad_model": 2, "test_step": 2, "test_step_run": 2,
                "test_static_waste": 2, "test_choice_join": 1, "test_choice_limit": 1}
 MANUAL_POINTS = {"written_static_vs_continuous": 3}
 ANSWER_CELLS = {"pad_batch", "step", "waste", "choice_join", "choice_limit"}
-
-
-@pytest.fixture(scope="module")
-def source():
-    return nbformat.read(SOURCE, as_version=4)
 
 
 # ------------------------------------------------------------------ the source notebook
@@ -43,22 +32,14 @@ def test_source_assignment_specifics(source):
     first = next(c for c in source.cells if c.cell_type == "code")
     assert "from autograder.testkit import check, check_close, check_equal" in first.source
     assert "allclose as _allclose" in first.source
-    tests = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells if _is_test(c)}
-    manual = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells
-              if _meta(c).get("grade") and _meta(c).get("solution")}
-    assert tests == TEST_POINTS and manual == MANUAL_POINTS
-    answers = {_meta(c)["grade_id"] for c in source.cells
-               if _meta(c).get("solution") and not _meta(c).get("grade")}
-    assert answers == ANSWER_CELLS
-    for cell in source.cells:
-        if _meta(cell).get("grade") and _meta(cell).get("solution"):
-            assert "Rubric" not in cell.source, "the rubric sits above the answer"
+    tests, manual = check_points_and_answers(source, TEST_POINTS, MANUAL_POINTS, ANSWER_CELLS)
+    check_rubrics_above_answers(source)
     # Every autograded part has hidden checks beyond the visible ones; the right letters of
     # the knowledge checks appear in hidden tests only.
     for cell in source.cells:
-        if _is_test(cell):
-            assert "### BEGIN HIDDEN TESTS" in cell.source, _meta(cell)["grade_id"]
-            if _meta(cell)["grade_id"].startswith("test_choice"):
+        if is_test(cell):
+            assert "### BEGIN HIDDEN TESTS" in cell.source, meta(cell)["grade_id"]
+            if meta(cell)["grade_id"].startswith("test_choice"):
                 visible = cell.source.split("### BEGIN HIDDEN TESTS")[0]
                 assert "check_equal" not in visible
     assert f"({sum(tests.values()) + sum(manual.values())} points)" in source.cells[0].source
@@ -72,11 +53,7 @@ print("PROBE " + json.dumps({"waste": static_waste([6, 20, 10, 8], 4),
 
 
 def test_solution_passes_every_visible_and_hidden_test(source):
-    nb = _copy(source)
-    nb.cells.append(nbformat.v4.new_code_cell("import json\n" + PROBE))
-    _execute(nb, SOURCE_DIR, allow_errors=False)  # any failing check raises
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    got = json.loads(text.split("PROBE ", 1)[1])
+    got = run_probe(source, SOURCE_DIR, "import json\n" + PROBE)
     # 4 rows x 20 steps = 80 row-steps for 6 + 20 + 10 + 8 = 44 wanted tokens.
     assert got["waste"] == pytest.approx(36 / 80)
     # The same finish steps chapter 3's real engine printed for these requests and 2 slots.
@@ -110,16 +87,10 @@ def test_chapter_engine_agrees_with_the_step_rule():
 # ------------------------------------------------------------------ the blank release
 
 def test_blank_release_earns_nothing_and_leaks_nothing(source):
-    text = RELEASED.read_text()
-    for marker in MARKERS:
-        assert marker not in text
-    nb = _with_source_tests(nbformat.read(RELEASED, as_version=4), source)
-    _execute(nb, SOURCE_DIR, allow_errors=True)
-    errors = {gid: out["ename"] for gid, out in _errors(nb).items()}
+    nb, errors = run_blank_release(RELEASED, source, SOURCE_DIR)
     assert errors == {gid: ("NameError" if gid.startswith("test_choice") else "NotImplementedError")
                       for gid in TEST_POINTS}
-    manual = [c for c in nb.cells if _meta(c).get("grade_id") in MANUAL_POINTS]
-    assert [c.source.strip() for c in manual] == ["YOUR ANSWER HERE"]
+    check_manual_answers_blank(nb, MANUAL_POINTS)
 
 
 # ------------------------------------------------------------------ the classic mistakes, named
@@ -197,47 +168,11 @@ MISTAKES = [
 def test_classic_mistakes_get_messages_that_name_them(source):
     """Each wrong answer runs against the real test cell (hidden tests included) in one kernel;
     the correct solution runs first, so each mistake is the only thing wrong in its cell."""
-    by_id = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c)}
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c.source) for c in source.cells
-                if c.cell_type == "code" and not _is_test(c)]
-    answers = [c.source for c in source.cells
-               if c.cell_type == "code" and _meta(c).get("grade_id") in ANSWER_CELLS]
-    wanted = []
-    for test_id, wrong, fragment in MISTAKES:
-        nb.cells.extend(nbformat.v4.new_code_cell(text) for text in (*answers, wrong))
-        cell_id = f"{test_id}_{len(wanted)}"
-        test_cell = nbformat.v4.new_code_cell(by_id[test_id].source)
-        test_cell.metadata = {"nbgrader": dict(_meta(by_id[test_id]), grade_id=cell_id)}
-        nb.cells.append(test_cell)
-        wanted.append((cell_id, fragment))
-    _execute(nb, SOURCE_DIR, allow_errors=True)
-    errors = _errors(nb)
-    for cell_id, fragment in wanted:
-        assert cell_id in errors, f"{cell_id}: the wrong answer passed"
-        assert errors[cell_id]["ename"] == "AssertionError", (cell_id, errors[cell_id])
-        assert fragment in errors[cell_id]["evalue"], (cell_id, errors[cell_id]["evalue"])
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES)
 
 
 # ------------------------------------------------------------------ end to end, sandboxed
 
 @needs_sandbox
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
-    from autograder.course import Course, release
-    from autograder.grade import autograde
-    course = Course(tmp_path)
-    shutil.copytree(SOURCE_DIR, course.source / NAME)
-    release(course, NAME)
-    for who, notebook in (("solution", SOURCE), ("blank", course.release / NAME / f"{NAME}.ipynb")):
-        dest = course.submitted / who / NAME
-        dest.mkdir(parents=True)
-        shutil.copy(notebook, dest / f"{NAME}.ipynb")
-    results = {r["student"]: r for r in autograde(course, NAME, workers=2, progress=False)}
-    for who, score in (("solution", sum(TEST_POINTS.values())), ("blank", 0)):
-        r = results[who]
-        detail = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags", "notebooks")})
-        assert r["status"] == "graded" and r["score"] == score, detail
-        assert r["max_score"] == sum(TEST_POINTS.values()) + sum(MANUAL_POINTS.values()), detail
-        tests = {t["grade_id"]: t for t in r["notebooks"][NAME]["tests"]}
-        for gid, points in TEST_POINTS.items():
-            assert tests[gid]["points"] == (points if who == "solution" else 0), (who, gid, tests[gid])
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, MANUAL_POINTS, tmp_path)

@@ -14,7 +14,12 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
+
+# The notebook helpers live in exercise_checks (test_speculative_decoding still imports them
+# from here under these names).
+from exercise_checks import MARKERS
+from exercise_checks import errors as _errors, execute as _execute
+from exercise_checks import is_test as _is_test, meta as _meta
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE_DIR = ROOT / "solutions" / "harbor_capacity"
@@ -23,33 +28,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "harbor"
 TICKETS = ROOT / "harbor_project" / "fixtures" / "tickets.jsonl"
 TICKET_FIELDS = {"id": str, "workspace": str, "category": str, "prompt_tokens": int,
                  "output_tokens": int, "subject": str}
-MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
-
-
-def _meta(cell) -> dict:
-    return cell.metadata.get("nbgrader", {})
-
-
-def _is_test(cell) -> bool:
-    return bool(_meta(cell).get("grade")) and not _meta(cell).get("solution")
-
-
-def _execute(nb, workdir: Path, allow_errors: bool):
-    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=allow_errors,
-                            resources={"metadata": {"path": str(workdir)}})
-    client.execute()
-    return nb
-
-
-def _errors(nb) -> dict[str, dict]:
-    """grade_id -> the error output of every test cell that raised."""
-    found = {}
-    for cell in nb.cells:
-        if cell.cell_type == "code" and _is_test(cell):
-            for out in cell.get("outputs", []):
-                if out.get("output_type") == "error":
-                    found[_meta(cell)["grade_id"]] = out
-    return found
 
 
 def _release(nb):

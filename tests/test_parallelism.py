@@ -3,26 +3,21 @@ visible and hidden test, a blank release that earns nothing, and messages that n
 classic mistakes.
 
 Everything in the notebook runs in one process (the ranks are list entries, the all-reduce a
-sum), so a kernel run takes about 3 s on 2 cores, mostly importing torch. The notebook helpers
-come from the Harbor worksheet's tests; the sandboxed end-to-end run reuses the pipeline's
-skip rule.
+sum), so a kernel run takes about 3 s on 2 cores, mostly importing torch. The checks every
+graded exercise shares live in exercise_checks.
 """
 from __future__ import annotations
 
-import json
-import shutil
-
-import nbformat
 import pytest
 
-from test_grading_pipeline import needs_sandbox
-from test_harbor_worksheet import MARKERS, _errors, _execute, _is_test, _meta
-from test_kv_cache_basics import ROOT, _copy, _with_source_tests
+from exercise_checks import (check_manual_answers_blank, check_named_mistakes,
+                             check_points_and_answers, check_sandboxed_grading, exercise_paths,
+                             is_test, meta, needs_sandbox, run_blank_release, run_probe,
+                             source_fixture)
 
 NAME = "parallelism"
-SOURCE_DIR = ROOT / "solutions" / NAME
-SOURCE = SOURCE_DIR / f"{NAME}.ipynb"
-RELEASED = ROOT / "exercises" / NAME / f"{NAME}.ipynb"
+SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
+source = source_fixture(SOURCE)
 
 TEST_POINTS = {"test_column_split": 1, "test_row_split": 1, "test_parallel_mlp": 3,
                "test_allreduce_count": 1, "test_allreduce_bytes": 2, "test_bubble": 2,
@@ -32,11 +27,6 @@ ANSWER_CELLS = {"splits", "parallel_mlp", "allreduce_count", "allreduce_bytes", 
                 "micro_batches", "choice_oproj", "choice_second_gpu"}
 
 
-@pytest.fixture(scope="module")
-def source():
-    return nbformat.read(SOURCE, as_version=4)
-
-
 # ------------------------------------------------------------------ the source notebook
 
 def test_source_assignment_specifics(source):
@@ -44,17 +34,11 @@ def test_source_assignment_specifics(source):
     first = next(c for c in source.cells if c.cell_type == "code")
     assert "from autograder.testkit import check, check_close, check_equal" in first.source
     assert "allclose as _allclose" in first.source and "silu as _silu" in first.source
-    tests = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells if _is_test(c)}
-    manual = {_meta(c)["grade_id"]: _meta(c)["points"] for c in source.cells
-              if _meta(c).get("grade") and _meta(c).get("solution")}
-    assert tests == TEST_POINTS and manual == MANUAL_POINTS
-    answers = {_meta(c)["grade_id"] for c in source.cells
-               if _meta(c).get("solution") and not _meta(c).get("grade")}
-    assert answers == ANSWER_CELLS
+    tests, manual = check_points_and_answers(source, TEST_POINTS, MANUAL_POINTS, ANSWER_CELLS)
     # Every autograded part has hidden checks beyond the visible ones.
-    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if _is_test(c))
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
     # The rubric sits above the written answer, and the intro states the totals.
-    by_id = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c)}
+    by_id = {meta(c)["grade_id"]: c for c in source.cells if meta(c)}
     assert "Rubric" in by_id["part5_intro"].source
     assert "Rubric" not in by_id["written_replicas"].source
     assert "(16 points)" in source.cells[0].source
@@ -70,11 +54,7 @@ print("PROBE " + json.dumps({"count": ALLREDUCES_TARGET, "m": MICRO_BATCHES_10PC
 
 
 def test_solution_passes_every_visible_and_hidden_test(source):
-    nb = _copy(source)
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
-    _execute(nb, SOURCE_DIR, allow_errors=False)  # any failing check raises
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    got = json.loads(text.split("PROBE ", 1)[1])
+    got = run_probe(source, SOURCE_DIR, PROBE)
     # 2 per block x 6 blocks; (4 - 1) / (27 + 4 - 1) = 0.1; 12 all-reduces of 256 fp32 numbers.
     assert got == {"count": 12, "m": 27, "bytes": 12_288, "bubble": pytest.approx(0.2)}
 
@@ -89,20 +69,14 @@ def test_the_solution_agrees_with_the_engine():
 # ------------------------------------------------------------------ the blank release
 
 def test_blank_release_earns_nothing_and_leaks_nothing(source):
-    text = RELEASED.read_text()
-    for marker in MARKERS:
-        assert marker not in text
-    nb = _with_source_tests(nbformat.read(RELEASED, as_version=4), source)
-    _execute(nb, SOURCE_DIR, allow_errors=True)
-    errors = {gid: out["ename"] for gid, out in _errors(nb).items()}
+    nb, errors = run_blank_release(RELEASED, source, SOURCE_DIR)
     # Blank functions raise when a test calls them; blank variables raise in their own cell,
     # and then the test finds no answer. Either way every autograded cell fails.
     variables = ("test_allreduce_count", "test_micro_batches", "test_choice_oproj",
                  "test_choice_second_gpu")
     assert errors == {gid: ("NameError" if gid in variables else "NotImplementedError")
                       for gid in TEST_POINTS}
-    manual = [c for c in nb.cells if _meta(c).get("grade_id") in MANUAL_POINTS]
-    assert [c.source.strip() for c in manual] == ["YOUR ANSWER HERE"]
+    check_manual_answers_blank(nb, MANUAL_POINTS)
 
 
 # ------------------------------------------------------------------ the classic mistakes, named
@@ -146,47 +120,11 @@ MISTAKES = [
 def test_classic_mistakes_get_messages_that_name_them(source):
     """Each wrong answer runs against the real test cell (hidden tests included) in one kernel;
     the correct solution runs first, so each mistake is the only thing wrong in its cell."""
-    by_id = {_meta(c)["grade_id"]: c for c in source.cells if _meta(c)}
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c.source) for c in source.cells
-                if c.cell_type == "code" and not _is_test(c)]
-    answers = [c.source for c in source.cells
-               if c.cell_type == "code" and _meta(c).get("grade_id") in ANSWER_CELLS]
-    wanted = []
-    for test_id, wrong, fragment in MISTAKES:
-        nb.cells.extend(nbformat.v4.new_code_cell(text) for text in (*answers, wrong))
-        cell_id = f"{test_id}_{len(wanted)}"
-        test_cell = nbformat.v4.new_code_cell(by_id[test_id].source)
-        test_cell.metadata = {"nbgrader": dict(_meta(by_id[test_id]), grade_id=cell_id)}
-        nb.cells.append(test_cell)
-        wanted.append((cell_id, fragment))
-    _execute(nb, SOURCE_DIR, allow_errors=True)
-    errors = _errors(nb)
-    for cell_id, fragment in wanted:
-        assert cell_id in errors, f"{cell_id}: the wrong answer passed"
-        assert errors[cell_id]["ename"] == "AssertionError", (cell_id, errors[cell_id])
-        assert fragment in errors[cell_id]["evalue"], (cell_id, errors[cell_id]["evalue"])
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES)
 
 
 # ------------------------------------------------------------------ end to end, sandboxed
 
 @needs_sandbox
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
-    from autograder.course import Course, release
-    from autograder.grade import autograde
-    course = Course(tmp_path)
-    shutil.copytree(SOURCE_DIR, course.source / NAME)
-    release(course, NAME)
-    for who, notebook in (("solution", SOURCE), ("blank", course.release / NAME / f"{NAME}.ipynb")):
-        dest = course.submitted / who / NAME
-        dest.mkdir(parents=True)
-        shutil.copy(notebook, dest / f"{NAME}.ipynb")
-    results = {r["student"]: r for r in autograde(course, NAME, workers=2, progress=False)}
-    for who, score in (("solution", sum(TEST_POINTS.values())), ("blank", 0)):
-        r = results[who]
-        detail = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags", "notebooks")})
-        assert r["status"] == "graded" and r["score"] == score, detail
-        assert r["max_score"] == sum(TEST_POINTS.values()) + sum(MANUAL_POINTS.values()), detail
-        tests = {t["grade_id"]: t for t in r["notebooks"][NAME]["tests"]}
-        for gid, points in TEST_POINTS.items():
-            assert tests[gid]["points"] == (points if who == "solution" else 0), (who, gid, tests[gid])
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, MANUAL_POINTS, tmp_path)

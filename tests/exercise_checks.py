@@ -1,0 +1,204 @@
+"""Checks every graded exercise's tests share: notebook helpers (nbgrader metadata, running a
+notebook in a kernel, the errors of its test cells), the source's points and answer cells,
+the blank release, the classic mistakes run against the real test cells, and the sandboxed
+end-to-end grading.
+
+Each tests/test_<exercise>.py keeps its own test functions, data (points, mistakes, probes)
+and exercise-specific assertions, and calls these for the parts that are the same.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from conftest import sandbox_skip_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+
+# The end-to-end runs need the grading sandbox (the same rule as test_grading_pipeline).
+needs_sandbox = pytest.mark.skipif(sandbox_skip_reason() is not None,
+                                   reason=str(sandbox_skip_reason()))
+
+
+# ------------------------------------------------------------------ notebook helpers
+
+def meta(cell) -> dict:
+    """The cell's nbgrader metadata ({} for a plain cell)."""
+    return cell.metadata.get("nbgrader", {})
+
+
+def is_test(cell) -> bool:
+    """An autograded test cell: graded, and not an answer."""
+    return bool(meta(cell).get("grade")) and not meta(cell).get("solution")
+
+
+def execute(nb, workdir: Path, allow_errors: bool):
+    """Run every cell of `nb` in a fresh python3 kernel started in `workdir`; returns `nb`."""
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=allow_errors,
+                            resources={"metadata": {"path": str(workdir)}})
+    client.execute()
+    return nb
+
+
+def errors(nb) -> dict[str, dict]:
+    """grade_id -> the error output of every test cell that raised."""
+    found = {}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and is_test(cell):
+            for out in cell.get("outputs", []):
+                if out.get("output_type") == "error":
+                    found[meta(cell)["grade_id"]] = out
+    return found
+
+
+def copy_notebook(nb):
+    """A deep copy, so running it leaves the module-scoped source untouched."""
+    return nbformat.from_dict(json.loads(json.dumps(nb)))
+
+
+def with_source_tests(nb, source):
+    """Put the source's test cells (hidden tests included) back by grade_id, as autograde does."""
+    tests = {meta(c)["grade_id"]: c.source for c in source.cells if is_test(c)}
+    for cell in nb.cells:
+        if is_test(cell):
+            cell.source = tests[meta(cell)["grade_id"]]
+    return nb
+
+
+# ------------------------------------------------------------------ the source notebook
+
+def exercise_paths(name: str) -> tuple[Path, Path, Path]:
+    """(source folder, source notebook, released notebook) of the assignment `name`."""
+    source_dir = ROOT / "solutions" / name
+    return source_dir, source_dir / f"{name}.ipynb", ROOT / "exercises" / name / f"{name}.ipynb"
+
+
+def source_fixture(path: Path):
+    """A module-scoped fixture named `source`: the source notebook at `path`, read once per
+    test file (assign it to a module-level name so pytest finds it)."""
+    @pytest.fixture(scope="module", name="source")
+    def _source():
+        return nbformat.read(path, as_version=4)
+    return _source
+
+
+def check_rubrics_above_answers(source) -> None:
+    """A manually graded answer cell holds the answer only; its rubric sits in the cell above."""
+    for cell in source.cells:
+        m = meta(cell)
+        if m and m["solution"] and m["grade"]:
+            assert "Rubric" not in cell.source, f"{m['grade_id']}: the rubric sits above the answer"
+
+
+def check_points_and_answers(source, test_points: dict[str, int], manual_points: dict[str, int],
+                             answer_cells: set[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """The source's test cells, manual cells and answer cells are exactly the listed ones, with
+    the listed points; returns the (test, manual) points found, for the totals' checks."""
+    tests = {meta(c)["grade_id"]: meta(c)["points"] for c in source.cells if is_test(c)}
+    manual = {meta(c)["grade_id"]: meta(c)["points"] for c in source.cells
+              if meta(c).get("grade") and meta(c).get("solution")}
+    assert tests == test_points and manual == manual_points
+    answers = {meta(c)["grade_id"] for c in source.cells
+               if meta(c).get("solution") and not meta(c).get("grade")}
+    assert answers == answer_cells
+    return tests, manual
+
+
+def run_probe(source, source_dir: Path, probe: str) -> dict:
+    """Run the whole solution (every check must pass) then `probe`, a cell that prints
+    "PROBE " and a JSON object; returns that object."""
+    nb = copy_notebook(source)
+    nb.cells.append(nbformat.v4.new_code_cell(probe))
+    execute(nb, source_dir, allow_errors=False)  # any failing check raises
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    return json.loads(text.split("PROBE ", 1)[1])
+
+
+# ------------------------------------------------------------------ the blank release
+
+def run_blank_release(released: Path, source, source_dir: Path) -> tuple[object, dict[str, str]]:
+    """Check the released copy leaks no solution or hidden-test marker, run it with the source's
+    test cells put back (as autograde does); returns the run notebook and grade_id -> error name
+    of every test cell that raised."""
+    text = released.read_text()
+    for marker in MARKERS:
+        assert marker not in text
+    nb = with_source_tests(nbformat.read(released, as_version=4), source)
+    execute(nb, source_dir, allow_errors=True)
+    return nb, {gid: out["ename"] for gid, out in errors(nb).items()}
+
+
+def check_manual_answers_blank(nb, manual_points: dict[str, int]) -> None:
+    """Every manually graded answer of the release holds nbgrader's placeholder only."""
+    manual = [c for c in nb.cells if meta(c).get("grade_id") in manual_points]
+    assert [c.source.strip() for c in manual] == ["YOUR ANSWER HERE"] * len(manual_points)
+
+
+# ------------------------------------------------------------------ the classic mistakes, named
+
+def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
+                         mistakes: Sequence[tuple], graded_cells_only: bool = False) -> None:
+    """Run each wrong answer against the real test cell (hidden tests included), all in one
+    kernel, and check that cell raised with a message containing the fragment.
+
+    `mistakes` holds (test grade_id, wrong code, fragment) or (..., error name) where the error
+    is not an AssertionError. The solution's non-test code cells run first and every answer
+    cell runs again before each wrong answer, so each mistake is the only thing wrong in its
+    cell. `graded_cells_only` leaves out the code cells without nbgrader metadata (the
+    learner's own plain cells, such as a plot)."""
+    by_id = {meta(c)["grade_id"]: c for c in source.cells if meta(c)}
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c.source) for c in source.cells
+                if c.cell_type == "code" and (meta(c) or not graded_cells_only) and not is_test(c)]
+    answers = [c.source for c in source.cells
+               if c.cell_type == "code" and meta(c).get("grade_id") in answer_cells]
+    wanted = []
+    for test_id, wrong, fragment, *ename in mistakes:
+        nb.cells.extend(nbformat.v4.new_code_cell(text) for text in (*answers, wrong))
+        cell_id = f"{test_id}_{len(wanted)}"
+        test_cell = nbformat.v4.new_code_cell(by_id[test_id].source)
+        test_cell.metadata = {"nbgrader": dict(meta(by_id[test_id]), grade_id=cell_id)}
+        nb.cells.append(test_cell)
+        wanted.append((cell_id, fragment, ename[0] if ename else "AssertionError"))
+    execute(nb, source_dir, allow_errors=True)
+    found = errors(nb)
+    for cell_id, fragment, ename in wanted:
+        assert cell_id in found, f"{cell_id}: the wrong answer passed"
+        assert found[cell_id]["ename"] == ename, (cell_id, found[cell_id])
+        assert fragment in found[cell_id]["evalue"], (cell_id, found[cell_id]["evalue"])
+
+
+# ------------------------------------------------------------------ end to end, sandboxed
+
+def check_sandboxed_grading(name: str, source_dir: Path, test_points: dict[str, int],
+                            manual_points: dict[str, int], tmp_path: Path) -> None:
+    """Release the assignment into a fresh course, submit the solution and the blank release,
+    autograde both in the sandbox: the solution gets every test cell's points, the blank
+    release none, and both are graded out of all points (test and manual)."""
+    from autograder.course import Course, release
+    from autograder.grade import autograde
+    course = Course(tmp_path)
+    shutil.copytree(source_dir, course.source / name)
+    release(course, name)
+    for who, notebook in (("solution", source_dir / f"{name}.ipynb"),
+                          ("blank", course.release / name / f"{name}.ipynb")):
+        dest = course.submitted / who / name
+        dest.mkdir(parents=True)
+        shutil.copy(notebook, dest / f"{name}.ipynb")
+    results = {r["student"]: r for r in autograde(course, name, workers=2, progress=False)}
+    for who, score in (("solution", sum(test_points.values())), ("blank", 0)):
+        r = results[who]
+        detail = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags", "notebooks")})
+        assert r["status"] == "graded" and r["score"] == score, detail
+        assert r["max_score"] == sum(test_points.values()) + sum(manual_points.values()), detail
+        tests = {t["grade_id"]: t for t in r["notebooks"][name]["tests"]}
+        assert set(test_points) <= set(tests)
+        for gid, points in test_points.items():
+            assert tests[gid]["points"] == (points if who == "solution" else 0), (who, gid, tests[gid])
