@@ -206,13 +206,26 @@ def runtime_flags(report: RunReport, tests: list[dict]) -> list[str]:
     return flags
 
 
+# A Unix socket's path holds at most 107 bytes, and the kernel's ipc sockets live in
+# <scratch>/run/ipc/kernel-<n>-<port>: about 50 bytes below the scratch root.
+_SOCKET_PATH_MAX, _SOCKET_SUFFIX = 107, 50
+
+
+def scratch_root(course: Course) -> Path:
+    """Where a submission's run folder goes: the course's work folder, or the system temp
+    folder when the course sits so deep that the kernel's sockets would not fit in a path."""
+    if len(str(course.work)) + _SOCKET_SUFFIX <= _SOCKET_PATH_MAX:
+        course.work.mkdir(parents=True, exist_ok=True)
+        return course.work
+    return Path(tempfile.gettempdir())
+
+
 def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.NotebookNode,
                        sub_dir: Path) -> RunReport:
     from jupyter_client import AsyncKernelManager
     from jupyter_client.kernelspec import KernelSpecManager
 
-    course.work.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f"run-{job.slot}-", dir=course.work))
+    scratch = Path(tempfile.mkdtemp(prefix=f"run-{job.slot}-", dir=scratch_root(course)))
     try:
         spec = SandboxSpec(run_dir=str(scratch / "run"), uid=BASE_UID + job.slot,
                            limits=Limits(**job.limits), isolate=not job.unsafe)

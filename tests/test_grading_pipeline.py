@@ -226,3 +226,20 @@ def test_grading_bench_writes_its_report(tmp_path):
     assert data["ratios"]["parallel_grading_speedup"] > 0  # a ratio, never a timing bound
     assert {"serial", "parallel"} <= set(data["timings"]) and data["submissions"] == 2
     assert data["machine"]["cpu_count"] and data["git_commit"]
+
+
+@needs_sandbox
+def test_a_deep_course_path_still_grades(tmp_path):
+    """The kernel talks over Unix sockets, whose paths hold at most 107 bytes: a course deep
+    in the file system must not push them past that (it failed with "File name too long")."""
+    root = tmp_path / ("deep-" + "x" * 60) / ("course-" + "y" * 40)
+    shutil.copytree(FIXTURES / "mini_assignment" / "mini", root / "solutions" / "mini")
+    assert cli("release", root=root).returncode == 0
+    rel = root / "exercises" / "mini" / "mini.ipynb"
+    sub = root / "grading" / "submitted" / "ann" / "mini"
+    sub.mkdir(parents=True)
+    (sub / "mini.ipynb").write_text(solved_mini(rel, "def double(x):\n    return 2 * x"))
+    run = cli("autograde", "mini", "--workers", "1", "--no-progress", root=root)
+    assert run.returncode == 0, run.stderr
+    result = json.loads((Course(root).results / "mini" / "ann.json").read_text())
+    assert result["status"] == "graded" and result["score"] == 3, result
