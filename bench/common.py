@@ -12,7 +12,30 @@ from typing import Any
 
 import torch
 
+from tinyserve.config import ModelConfig
+from tinyserve.model import TinyLlama
 from tinyserve.provenance import git_commit, machine_info
+
+#: ``--quick`` runs every suite on this tiny random model: seconds, and figures that mean nothing.
+QUICK_CONFIG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=64)
+
+
+def load_bench_model(quick: bool, device: torch.device | str = "cpu",
+                     quick_config: ModelConfig = QUICK_CONFIG) -> tuple[TinyLlama, str]:
+    """The shipped target in fp32, or with ``quick`` a seeded random model whose weights are
+    scaled 3x (away from the near-uniform init, so greedy decoding has no near-ties that
+    float noise could flip). Returns the model and a label for the report."""
+    if quick:
+        torch.manual_seed(0)
+        model = TinyLlama(quick_config).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(3)
+        return model.to(device), "random tiny (quick)"
+    from tinyserve.checkpoint import load_model
+    return load_model("target", device=device, dtype=torch.float32).eval(), "target"
 
 
 

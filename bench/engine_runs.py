@@ -15,13 +15,13 @@ from tinyserve.sequence import Sequence as Seq
 from tinyserve.simulator import completed_traces, serve
 from tinyserve.workload import RequestSpec
 
-from .kv import _model
+from .common import load_bench_model
 
 
 def bench_model(quick: bool) -> tuple[TinyLlama, str]:
     """The shipped target in fp32 (a tiny random model with ``--quick``), one thread on CPU
     unless the caller set otherwise, so a run does not fight other processes for cores."""
-    return _model(quick, default_device())
+    return load_bench_model(quick, default_device())
 
 
 def run_engine(model: TinyLlama, config: EngineConfig, specs: Sequence[RequestSpec],

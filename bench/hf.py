@@ -17,13 +17,14 @@ fits in the last-level cache, so the floor from DRAM bandwidth is a conservative
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import tempfile
 from typing import Any
 
 import torch
 
 from tinyserve.capacity import GB, kv_bytes_for_config
-from tinyserve.config import ModelConfig
 from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device
 from tinyserve.generate import generate, generate_batch
@@ -32,24 +33,18 @@ from tinyserve.metrics import tpot
 from tinyserve.model import TinyLlama
 from tinyserve.tokenizer import load_tokenizer
 
-from .common import median_seconds, report, table, write_json
+from .common import QUICK_CONFIG, load_bench_model, median_seconds, report, table, write_json
 
 
 def _model(quick: bool) -> tuple[TinyLlama, str]:
-    if quick:
-        tok = load_tokenizer()
-        cfg = ModelConfig(vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=128, bos_token_id=tok.bos_id,
-                          eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
-        torch.manual_seed(0)
-        model = TinyLlama(cfg).eval()
-        with torch.no_grad():  # away from the near-uniform init, so greedy has no near-ties
-            for p in model.parameters():
-                p.mul_(3)
-        return model, "random tiny (quick)"
-    from tinyserve.checkpoint import load_model
-    return load_model("target", device="cpu", dtype=torch.float32), "target"
+    if not quick:
+        return load_bench_model(False)
+    # The quick model must share the tokenizer's vocabulary and special ids: the export
+    # writes the tokenizer next to the weights.
+    tok = load_tokenizer()
+    cfg = replace(QUICK_CONFIG, vocab_size=tok.vocab_size, max_position_embeddings=128,
+                  bos_token_id=tok.bos_id, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    return load_bench_model(True, quick_config=cfg)
 
 
 def _hf_generate(hf: Any, ids: torch.Tensor, n: int) -> list[list[int]]:

@@ -23,29 +23,15 @@ from typing import Any
 
 import torch
 
-from tinyserve.config import ModelConfig
 from tinyserve.device import default_device
 from tinyserve.generate import decode_step, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 
-from .common import median_seconds, report, table, write_json
-
-QUICK_CONFIG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=64)
-
+from .common import load_bench_model, median_seconds, report, table, write_json
 
 def _model(quick: bool, device: torch.device) -> tuple[TinyLlama, str]:
-    if quick:
-        torch.manual_seed(0)
-        model = TinyLlama(QUICK_CONFIG).eval()
-        with torch.no_grad():  # away from the near-uniform init, so greedy has no near-ties
-            for p in model.parameters():
-                p.mul_(3)
-        return model.to(device), "random tiny (quick)"
-    from tinyserve.checkpoint import load_model
-    return load_model("target", device=device, dtype=torch.float32), "target"
+    return load_bench_model(quick, device)
 
 
 @torch.no_grad()

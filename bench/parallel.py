@@ -22,32 +22,29 @@ check the report's shape.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import os
 import statistics
 from typing import Any
 
 import torch
 
-from tinyserve.config import ModelConfig
 from tinyserve.launch import choose_backend, launch
 from tinyserve.model import TinyLlama
 from tinyserve.parallel_bench import pp_bench_worker, tp_bench_worker
 from tinyserve.pipeline import bubble_formula, measured_bubble
 
-from .common import report, table, write_json
+from .common import QUICK_CONFIG as COMMON_QUICK
+from .common import load_bench_model, report, table, write_json
 
 WORLD = 2
-QUICK_CONFIG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=64)
+# Heads of 16 numbers: the tiny model split over 2 ranks still has whole heads on each.
+QUICK_CONFIG = replace(COMMON_QUICK, hidden_size=64, intermediate_size=128)
 
 
 def _model(quick: bool) -> tuple[TinyLlama, str]:
-    if quick:
-        torch.manual_seed(0)
-        return TinyLlama(QUICK_CONFIG).eval(), "random tiny (quick)"
-    from tinyserve.checkpoint import load_model
-    return load_model("target", device="cpu", dtype=torch.float32), "target"
+    return load_bench_model(quick, quick_config=QUICK_CONFIG)
 
 
 def both_schemes_worker(rank: int, world_size: int, model: TinyLlama, tp_ids: torch.Tensor,

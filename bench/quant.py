@@ -27,26 +27,16 @@ from typing import Any
 
 import torch
 
-from tinyserve.config import ModelConfig
 from tinyserve.device import default_device
 from tinyserve.generate import decode_step, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 from tinyserve.quant import Int8KVCache, quality, quantize_model, validation_windows, weight_bytes
 
-from .common import report, sync, table, write_json
-
-QUICK_CONFIG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
-                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           max_position_embeddings=64)
-
+from .common import QUICK_CONFIG, load_bench_model, report, sync, table, write_json
 
 def _base(quick: bool, device: torch.device) -> tuple[TinyLlama, str]:
-    if quick:
-        torch.manual_seed(0)
-        return TinyLlama(QUICK_CONFIG).eval().to(device), "random tiny (quick)"
-    from tinyserve.checkpoint import load_model
-    return load_model("target", device=device, dtype=torch.float32).eval(), "target"
+    return load_bench_model(quick, device)
 
 
 @torch.no_grad()
