@@ -101,6 +101,11 @@ class AsyncEngine:
         self._commands.put(("add", req))
         return RequestStream(self, req)
 
+    @property
+    def accepting(self) -> bool:
+        """False once shutdown has begun: new requests are refused (HTTP 503)."""
+        return self._accepting
+
     def stats(self) -> dict[str, float]:
         """A snapshot for /metrics and /health (read without locking: numbers may be one step
         stale, never torn, since each is a single attribute read)."""

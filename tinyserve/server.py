@@ -169,7 +169,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
         return list(prompt)
 
     async def _start(request: Request, body: api._Common, ids: list[int], max_tokens: int | None,
-                     arrival: float) -> tuple[RequestStream, Any, int]:
+                     arrival: float) -> tuple[RequestStream, Any]:
         if max_tokens is None:
             max_tokens = window - len(ids)
         if len(ids) + max_tokens > window:
@@ -178,7 +178,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
                                 f"({len(ids) + max_tokens} in all); shorten the prompt or lower "
                                 f"max_tokens", param="max_tokens", code="context_length_exceeded")
         try:
-            stops = body.stop_strings()
+            body.stop_strings()              # validated here, applied by _TextStream
         except ValueError as e:
             raise APIError(400, str(e), param="stop") from None
         sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k,
@@ -192,7 +192,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
         except ShuttingDownError as e:
             raise APIError(503, str(e), "service_unavailable") from None
         first = await _first_or_disconnect(request, stream)
-        return stream, first, len(stops)
+        return stream, first
 
     async def _first_or_disconnect(request: Request, stream: RequestStream) -> Any:
         """The first token, or the refusal as an HTTP error; a client that leaves while its
@@ -217,7 +217,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
 
     async def _respond(request: Request, body: api._Common, ids: list[int],
                        max_tokens: int | None, chat: bool, arrival: float) -> Response:
-        stream, first, _ = await _start(request, body, ids, max_tokens, arrival)
+        stream, first = await _start(request, body, ids, max_tokens, arrival)
         rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id.split("-")[-1]
         text = _TextStream(tok, body.stop_strings())
         if body.stream:
@@ -298,7 +298,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
     @app.get("/health")
     async def health() -> JSONResponse:
         engine: AsyncEngine | None = state.get("engine")
-        if engine is None or not engine._accepting:
+        if engine is None or not engine.accepting:
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok", **engine.stats()})
 
