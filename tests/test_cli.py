@@ -55,8 +55,22 @@ def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str
     (("generate", "--example", "-1"), "ticket number >= 0"),
     (("train", "--preset", "draft", "--steps", "0"), "--steps must be at least 1"),
     (("bench", "nosuch"), "unknown bench suite 'nosuch'"),
+    (("serve", "--port", "99999"), "--port must be between 1 and 65535"),
+    (("serve", "--num-blocks", "0"), "--num-blocks must be at least 1"),
+    (("serve", "--queue-timeout", "0"), "--queue-timeout must be a positive"),
+    (("serve", "--host", "0.0.0.0"), "pass --allow-remote"),
 ])
 def test_bad_arguments_get_one_line(capsys: pytest.CaptureFixture[str], argv: tuple,
                                     fragment: str) -> None:
     code, _, err = _run(capsys, *argv)
     assert code == 2 and fragment in err and "Traceback" not in err
+
+
+def test_serve_on_a_busy_port_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, _, err = _run(capsys, "serve", "--port", str(port))
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err

@@ -75,6 +75,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
         raise ValueError(f"--host {args.host} would expose the server beyond this machine; "
                          f"pass --allow-remote if that is what you want")
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be between 1 and 65535, got {args.port}")
+    for flag, value, low in (("--num-blocks", args.num_blocks, 1), ("--block-size", args.block_size, 1),
+                             ("--max-num-seqs", args.max_num_seqs, 1),
+                             ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),
+                             ("--max-waiting", args.max_waiting, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be at least {low}, got {value}")
+    if args.queue_timeout <= 0:
+        raise ValueError(f"--queue-timeout must be a positive number of seconds, got "
+                         f"{args.queue_timeout}")
+    import socket
+    with socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET) as probe:
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as err:
+            raise ValueError(f"cannot listen on {args.host}:{args.port} ({err.strerror}); "
+                             f"is another server running there? Pick another --port") from None
     config = EngineConfig(num_blocks=args.num_blocks, block_size=args.block_size,
                           max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
