@@ -55,6 +55,7 @@ def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str
     (("generate", "--example", "-1"), "ticket number >= 0"),
     (("train", "--preset", "draft", "--steps", "0"), "--steps must be at least 1"),
     (("bench", "nosuch"), "unknown bench suite 'nosuch'"),
+    (("calibrate", "--repeats", "0"), "--repeats must be at least 1"),
     (("serve", "--port", "99999"), "--port must be between 1 and 65535"),
     (("serve", "--num-blocks", "0"), "--num-blocks must be at least 1"),
     (("serve", "--queue-timeout", "0"), "--queue-timeout must be a positive"),

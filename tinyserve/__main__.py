@@ -109,6 +109,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .checkpoint import load_model
     from .provenance import git_commit, machine_info
     from .simulator import calibrate, measure_steps, save_cost_model
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     model = load_model(args.model)
     records = measure_steps(model, repeats=args.repeats)
     cost, fit = calibrate(records)
