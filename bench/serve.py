@@ -29,8 +29,8 @@ from tinyserve.engine import EngineConfig
 from tinyserve.load_prompts import harbor_prompts, ticket_prompts
 from tinyserve.loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, sweep, table_rows
 from tinyserve.metrics import summarize as summarize_traces
-from tinyserve.routing import (POLICIES, local_server, make_router, prompt_router,
-                               server_processes, simulate)
+from tinyserve.local_servers import local_server, server_processes
+from tinyserve.routing import POLICIES, make_router, prompt_router, simulate
 from tinyserve.simulator import CostModel
 from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
 

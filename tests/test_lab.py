@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tinyserve.local_servers import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.skipif(not os.environ.get("CI") and (
@@ -27,7 +22,7 @@ def _free_port() -> int:
                     or Path(sys.prefix).resolve() != (ROOT / ".venv").resolve()),
                     reason="make lab uses the project's .venv; run the tests through `make test`")
 def test_make_lab_serves_the_course() -> None:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(["make", "-s", "lab", f"LAB_PORT={port}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)

@@ -17,7 +17,8 @@ from tinyserve.load_prompts import (HARBOR_TICKETS, Prompt, corpus_prompts, harb
                                     prompt_of_length)
 from tinyserve.loadgen import Result, SLOs, knee, run_load, summarize
 from tinyserve.metrics import summarize as summarize_traces
-from tinyserve.routing import ByShape, LeastLoaded, RoundRobin, local_server, make_router, simulate
+from tinyserve.local_servers import local_server
+from tinyserve.routing import ByShape, LeastLoaded, RoundRobin, make_router, simulate
 from tinyserve.simulator import CostModel
 from tinyserve.workload import Fixed, Mixture, Uniform, make_workload
 

@@ -64,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
     from bench.common import table
     from .load_prompts import Prompt, corpus_prompts, harbor_prompts, ticket_prompts
     from .loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
-    from .routing import make_router, prompt_router, server_processes
+    from .local_servers import server_processes
+    from .routing import make_router, prompt_router
     from .workload import Uniform
 
     if args.num_requests < 1:

@@ -8,24 +8,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tinyserve.local_servers import free_port
+
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page
 
 ROOT = Path(__file__).resolve().parents[2]
 VALIDATE_TIMEOUT_MS = 180_000   # Validate runs the whole notebook server-side (torch import)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def copy_course(dest: Path, *parts: str) -> Path:
