@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tinyserve.capacity import GB, kv_bytes_for_config
+from tinyserve.workbook.capacity import GB, kv_bytes_for_config
 from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device
 from tinyserve.generate import generate, generate_batch

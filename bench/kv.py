@@ -111,7 +111,7 @@ def prefill_costs(model: TinyLlama, prompt_lengths: list[int], repeats: int) -> 
 def _save_plot(costs: dict[str, Any], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
-    from tinyserve.plots import phase_costs as draw
+    from tinyserve.workbook.plots import phase_costs as draw
     fig = draw({"prefill (same with or without cache)": [tuple(p) for p in costs["prefill"]]},
                {"KV cache": [tuple(p) for p in costs["decode"]["cached"]],
                 "no cache": [tuple(p) for p in costs["decode"]["uncached"]]})

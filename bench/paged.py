@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tinyserve.capacity import kv_bytes_for_config
+from tinyserve.workbook.capacity import kv_bytes_for_config
 from tinyserve.config import PRESETS
 from tinyserve.engine import Engine, EngineConfig
 from tinyserve.paged import PagedKVCache

@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from tinyserve.launch import choose_backend, launch
+from tinyserve.parallel.launch import choose_backend, launch
 from tinyserve.model import TinyLlama
-from tinyserve.parallel_bench import pp_bench_worker, tp_bench_worker
-from tinyserve.pipeline import bubble_formula, measured_bubble
+from tinyserve.parallel.timing import pp_bench_worker, tp_bench_worker
+from tinyserve.parallel.pipeline import bubble_formula, measured_bubble
 
 from .common import QUICK_CONFIG as COMMON_QUICK
 from .common import load_bench_model, report, table, write_json
@@ -85,7 +85,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
           f"1 thread each", flush=True)
 
     # The one-process baseline is timed by rank 0, on one thread like each rank, taking turns
-    # with the split runs (see tinyserve.parallel_bench).
+    # with the split runs (see tinyserve.parallel.timing).
     ranks = launch(both_schemes_worker, WORLD, model, tp_ids, pp_ids, counts, repeats,
                    timeout_s=120 if quick else 600, backend=backend)
     tp = ranks[0]["tp"]

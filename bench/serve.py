@@ -1,8 +1,8 @@
 """Serving end to end: a rate sweep against our server, and routing across replicas.
 
 **Rate sweep, real server.** ``python -m tinyserve serve`` runs in its own process (one torch
-thread) and the load generator (:mod:`tinyserve.loadgen`) sends Harbor-shaped tickets
-(:func:`tinyserve.load_prompts.harbor_prompts`) as streamed completions with Poisson
+thread) and the load generator (:mod:`tinyserve.loadgen.generator`) sends Harbor-shaped tickets
+(:func:`tinyserve.loadgen.prompts.harbor_prompts`) as streamed completions with Poisson
 arrivals at each offered rate, timing every chunk on the client. Goodput counts requests
 that met the SLOs below. The knee is the rate with the most goodput: beyond it the server
 is offered more than it can serve on time, queues grow, and goodput *falls* while the raw
@@ -26,11 +26,11 @@ import os
 from typing import Any
 
 from tinyserve.engine import EngineConfig
-from tinyserve.load_prompts import harbor_prompts, ticket_prompts
-from tinyserve.loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, sweep, table_rows
+from tinyserve.loadgen.prompts import harbor_prompts, ticket_prompts
+from tinyserve.loadgen.generator import SLOs, TABLE_COLUMNS, knee, run_load, summarize, sweep, table_rows
 from tinyserve.metrics import summarize as summarize_traces
-from tinyserve.local_servers import local_server, server_processes
-from tinyserve.routing import POLICIES, make_router, prompt_router, simulate
+from tinyserve.serving.local_servers import local_server, server_processes
+from tinyserve.serving.routing import POLICIES, make_router, prompt_router, simulate
 from tinyserve.simulator import CostModel
 from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
 
@@ -153,7 +153,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     data["metrics"] = {"rate": points[k]["rate"], **at_knee}
     write_json(data, json_path)
     if json_path:
-        from tinyserve.loadgen_plot import plot_sweep
+        from tinyserve.loadgen.plot import plot_sweep
         path = json_path.rsplit(".", 1)[0] + ".png"
         plot_sweep(points, path, title="tinyserve target, Harbor-shaped tickets")
         print(f"wrote {path}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinyserve.capacity import (GB, GiB, bytes_per_element, kv_bytes_for_config,
+from tinyserve.workbook.capacity import (GB, GiB, bytes_per_element, kv_bytes_for_config,
                                 kv_bytes_per_sequence, kv_bytes_per_token, max_sequences, to_gb,
                                 to_gib)
 from tinyserve.config import PRESETS, ModelConfig

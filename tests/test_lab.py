@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.local_servers import free_port
+from tinyserve.serving.local_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

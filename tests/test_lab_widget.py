@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinyserve.lab import KVCacheLab, KVCase
+from tinyserve.workbook.lab import KVCacheLab, KVCase
 
 DEFAULT_BYTES = 2 * 80 * 4096 * 8 * 128 * 2  # the lab's default case: 1,342,177,280 bytes
 

@@ -13,12 +13,12 @@ import tinyserve
 from tinyserve.__main__ import main
 from tinyserve.engine import EngineConfig
 from tinyserve.generate import generate_ids
-from tinyserve.load_prompts import (HARBOR_TICKETS, Prompt, corpus_prompts, harbor_prompts,
+from tinyserve.loadgen.prompts import (HARBOR_TICKETS, Prompt, corpus_prompts, harbor_prompts,
                                     prompt_of_length)
-from tinyserve.loadgen import Result, SLOs, knee, run_load, summarize
+from tinyserve.loadgen.generator import Result, SLOs, knee, run_load, summarize
 from tinyserve.metrics import summarize as summarize_traces
-from tinyserve.local_servers import local_server
-from tinyserve.routing import ByShape, LeastLoaded, RoundRobin, make_router, simulate
+from tinyserve.serving.local_servers import local_server
+from tinyserve.serving.routing import ByShape, LeastLoaded, RoundRobin, make_router, simulate
 from tinyserve.simulator import CostModel
 from tinyserve.workload import Fixed, Mixture, Uniform, make_workload
 
@@ -110,7 +110,7 @@ def test_bad_arguments_name_the_limit(capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_uniform_ticket_prompts_have_the_asked_lengths(tok) -> None:
-    from tinyserve.load_prompts import ticket_prompts
+    from tinyserve.loadgen.prompts import ticket_prompts
     prompts = ticket_prompts(6, Uniform(20, 300), Fixed(64), seed=1)
     for p in prompts:
         assert 18 <= p.prompt_tokens <= 302 and p.text.endswith("<|reply|>")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.model_card import card_in_readme, model_card
+from tinyserve.workbook.model_card import card_in_readme, model_card
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,10 +18,10 @@ import tinyserve
 from conftest import random_prompt, sharp_model
 from tinyserve.config import PRESETS, ModelConfig
 from tinyserve.generate import generate
-from tinyserve.launch import RankError, launch
-from tinyserve.parallel import (CountingAllReduce, column_shard, row_shard, shard_model,
+from tinyserve.parallel.launch import RankError, launch
+from tinyserve.parallel.tensor import (CountingAllReduce, column_shard, row_shard, shard_model,
                                 tp_check_worker, tp_forward_in_process)
-from tinyserve.pipeline import (Stage, bubble_formula, ideal_timelines, measured_bubble,
+from tinyserve.parallel.pipeline import (Stage, bubble_formula, ideal_timelines, measured_bubble,
                                 pp_check_worker, split_micro_batches, stage_bounds)
 
 # 8 query / 4 KV heads, so 1, 2 and 4 ranks all own whole KV groups.

@@ -61,7 +61,7 @@ def test_solution_passes_every_visible_and_hidden_test(source):
 
 def test_the_solution_agrees_with_the_engine():
     """The notebook's formulas are the ones tinyserve implements and its tests measure."""
-    from tinyserve.pipeline import bubble_formula
+    from tinyserve.parallel.pipeline import bubble_formula
     assert bubble_formula(4, 27) <= 0.10 < bubble_formula(4, 26)
     assert bubble_formula(2, 4) == pytest.approx(0.2)
 

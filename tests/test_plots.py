@@ -10,7 +10,7 @@ import pytest  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from tinyserve.metrics import RequestTrace, e2e, ttft  # noqa: E402
-from tinyserve.plots import latency_bars, latency_segments, phase_costs  # noqa: E402
+from tinyserve.workbook.plots import latency_bars, latency_segments, phase_costs  # noqa: E402
 
 
 def _trace() -> RequestTrace:

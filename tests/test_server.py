@@ -16,7 +16,7 @@ import pytest
 import tinyserve
 from tinyserve.engine import EngineConfig
 from tinyserve.generate import generate_ids
-from tinyserve.local_servers import local_server
+from tinyserve.serving.local_servers import local_server
 
 PROMPT = ("<|ticket|>Ticket: HB-1 | Workspace: acme | Plan: Team | Channel: email\nFrom: Ana\n"
           "Subject: Refund for unused seats\n\nWe removed 3 seats last week. Can we get a refund?\n"

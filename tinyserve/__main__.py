@@ -71,7 +71,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from .engine import EngineConfig
-    from .server import serve
+    from .serving.server import serve
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
         raise ValueError(f"--host {args.host} would expose the server beyond this machine; "
                          f"pass --allow-remote if that is what you want")
@@ -141,11 +141,11 @@ def _cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def _cmd_model_card(args: argparse.Namespace) -> int:
-    from .model_card import model_card
+    from .workbook.model_card import model_card
     card = model_card()
     print(card["markdown"])
     if args.update_readme:
-        from .model_card import update_readme
+        from .workbook.model_card import update_readme
         update_readme(Path(args.update_readme), card["markdown"])
         print(f"updated the model card in {args.update_readme}")
     if args.json:
@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a request may wait for admission before it gets 429")
     s.set_defaults(func=_cmd_serve)
 
-    from .loadgen_cli import add_parser as add_loadgen_parser
+    from .loadgen.cli import add_parser as add_loadgen_parser
     add_loadgen_parser(sub)
 
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")

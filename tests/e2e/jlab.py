@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tinyserve.local_servers import free_port
+from tinyserve.serving.local_servers import free_port
 
 if TYPE_CHECKING:
     from playwright.sync_api import Locator, Page

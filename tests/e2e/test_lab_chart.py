@@ -5,7 +5,7 @@ Runs everywhere (no Chromium needed): it exercises the widget objects in Python.
 """
 from __future__ import annotations
 
-from tinyserve.lab import KVCacheLab, KVCase, growth_chart_png
+from tinyserve.workbook.lab import KVCacheLab, KVCase, growth_chart_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -62,11 +62,11 @@ def add_parser(sub: Any) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from bench.common import table
-    from .load_prompts import Prompt, corpus_prompts, harbor_prompts, ticket_prompts
-    from .loadgen import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
-    from .local_servers import server_processes
-    from .routing import make_router, prompt_router
-    from .workload import Uniform
+    from .prompts import Prompt, corpus_prompts, harbor_prompts, ticket_prompts
+    from .generator import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
+    from ..serving.local_servers import server_processes
+    from ..serving.routing import make_router, prompt_router
+    from ..workload import Uniform
 
     if args.num_requests < 1:
         raise ValueError(f"--num-requests must be at least 1, got {args.num_requests}")
@@ -124,7 +124,7 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         if any(math.isinf(p["rate"]) for p in points):
             raise ValueError("--plot draws against offered rate; give finite --rate values")
-        from .loadgen_plot import plot_sweep
+        from .plot import plot_sweep
         plot_sweep(points, args.plot)
         print(f"wrote {args.plot}")
     return 0

@@ -13,7 +13,7 @@ figures (the definitions of :mod:`tinyserve.metrics`, as in vLLM's benchmark):
 
 Arrivals are Poisson or bursty at a rate (:func:`tinyserve.workload.arrival_times`), or
 everything at once with a concurrency cap (a fixed number of users, each sending its next
-request as soon as the last one finished). Prompts come from :mod:`tinyserve.load_prompts`.
+request as soon as the last one finished). Prompts come from :mod:`tinyserve.loadgen.prompts`.
 
 Output lengths: our server always stops at ``<|end|>`` (there is no ``ignore_eos``), so a
 request's ``max_tokens`` is a cap, and the report uses the *real* output lengths from the
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from .load_prompts import Prompt
-from .metrics import percentile
-from .workload import arrival_times
+from .prompts import Prompt
+from ..metrics import percentile
+from ..workload import arrival_times
 
 
 @dataclass

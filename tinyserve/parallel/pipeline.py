@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .generate import clock
-from .kv_cache import KVCache
+from ..config import ModelConfig
+from ..generate import clock
+from ..kv_cache import KVCache
 from .launch import rank_device
-from .model import TinyLlama
-from .parallel import prepare_positions
+from ..model import TinyLlama
+from .tensor import prepare_positions
 
 Timeline = list[tuple[float, float]]  # one (start, end) clock reading per micro-batch
 

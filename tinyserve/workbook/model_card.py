@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from .checkpoint import load_model, load_report
-from .corpus import Ticket, build_corpus, prompt_for, split_tickets
-from .generate import generate_ids
-from .model import TinyLlama
-from .tokenizer import load_tokenizer
-from .train import TRAIN_PRESETS, eval_windows, evaluate_loss, greedy_agreement, token_stream
+from ..checkpoint import load_model, load_report
+from ..corpus import Ticket, build_corpus, prompt_for, split_tickets
+from ..generate import generate_ids
+from ..model import TinyLlama
+from ..tokenizer import load_tokenizer
+from ..train import TRAIN_PRESETS, eval_windows, evaluate_loss, greedy_agreement, token_stream
 
 
 def greets_by_name(model: TinyLlama, tickets: list[Ticket]) -> float:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .metrics import RequestTrace
+from ..metrics import RequestTrace
 
 # Buckets from 1 ms to a minute: CPU decode steps sit at a few ms, queueing at seconds.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .tokenizer import SPECIAL_TOKENS
+from ..tokenizer import SPECIAL_TOKENS
 
 
 class StreamOptions(BaseModel):

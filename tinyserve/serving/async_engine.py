@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .engine import Engine, StepEvent
-from .generate import PromptError
-from .metrics import RequestTrace
-from .sampling import SamplingParams
+from ..engine import Engine, StepEvent
+from ..generate import PromptError
+from ..metrics import RequestTrace
+from ..sampling import SamplingParams
 
 
 class QueueFullError(RuntimeError):

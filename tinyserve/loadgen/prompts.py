@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .workload import Lengths
+from ..workload import Lengths
 
-HARBOR_TICKETS = Path(__file__).resolve().parents[1] / "harbor_project" / "fixtures" / "tickets.jsonl"
+HARBOR_TICKETS = Path(__file__).resolve().parents[2] / "harbor_project" / "fixtures" / "tickets.jsonl"
 HARBOR_CONTEXT = 16_384
 
 
@@ -35,8 +35,8 @@ class Prompt:
 
 
 def _ticket_pool(seed: int, k: int = 64) -> list[list[int]]:
-    from .corpus import example_prompts
-    from .tokenizer import load_tokenizer
+    from ..corpus import example_prompts
+    from ..tokenizer import load_tokenizer
     tok = load_tokenizer()
     return [tok.encode(p) for p in example_prompts(k, seed=seed)]
 
@@ -57,7 +57,7 @@ def prompt_of_length(n_tokens: int, index: int, pool: list[list[int]]) -> list[i
 
 def _prompts(prompt_lens: np.ndarray, max_tokens: np.ndarray, seed: int,
              tags: list[str] | None = None) -> list[Prompt]:
-    from .tokenizer import load_tokenizer
+    from ..tokenizer import load_tokenizer
     tok = load_tokenizer()
     pool = _ticket_pool(seed)
     out = []
@@ -82,8 +82,8 @@ def ticket_prompts(n: int, prompt: Lengths, output: Lengths, seed: int = 0,
 
 def corpus_prompts(n: int, max_tokens: int = 64, seed: int = 1234) -> list[Prompt]:
     """``n`` whole held-out tickets as they come (about 75-90 tokens each)."""
-    from .corpus import example_prompts
-    from .tokenizer import load_tokenizer
+    from ..corpus import example_prompts
+    from ..tokenizer import load_tokenizer
     tok = load_tokenizer()
     return [Prompt(t, len(tok.encode(t)), max_tokens) for t in example_prompts(n, seed=seed)]
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from matplotlib.figure import Figure
 
-from .metrics import RequestTrace, summary_line
+from ..metrics import RequestTrace, summary_line
 
 PHASE_COLORS = {"admission": "#9e9e9e", "queue": "#f4a261", "prefill": "#e76f51",
                 "ttft": "#e76f51", "decode": ("#2a9d8f", "#76c7bd")}

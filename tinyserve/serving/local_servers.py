@@ -1,6 +1,6 @@
 """Our server on this machine, for tests, notebooks and load tests: a free loopback port,
 the server in a thread of this process (:func:`local_server`), or as separate processes
-(:func:`server_processes`, the replicas the router of :mod:`tinyserve.routing` spreads
+(:func:`server_processes`, the replicas the router of :mod:`tinyserve.serving.routing` spreads
 requests over), each waited on until ``/health`` answers and stopped at the end."""
 from __future__ import annotations
 

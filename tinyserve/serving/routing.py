@@ -12,8 +12,8 @@ behind a router. How the router picks matters for tail latency:
 
 The same policies drive the simulator (:func:`simulate`: several simulated engines, each on
 its own virtual clock, advanced together in time order) and the load generator against real
-server processes (:func:`tinyserve.local_servers.server_processes`, passed as ``router=``
-to :func:`tinyserve.loadgen.run_load`). A policy is called as ``policy(prompt_len, in_flight)``
+server processes (:func:`tinyserve.serving.local_servers.server_processes`, passed as ``router=``
+to :func:`tinyserve.loadgen.generator.run_load`). A policy is called as ``policy(prompt_len, in_flight)``
 and returns a replica index; in-flight counts are the router's own bookkeeping.
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .engine import Engine, EngineConfig
-from .sequence import Sequence as Seq
-from .simulator import CostModel, simulated_engine
-from .workload import RequestSpec, prompt_ids
+from ..engine import Engine, EngineConfig
+from ..sequence import Sequence as Seq
+from ..simulator import CostModel, simulated_engine
+from ..workload import RequestSpec, prompt_ids
 
 POLICIES = ("round-robin", "least-loaded", "shape")
 

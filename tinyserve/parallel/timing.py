@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .generate import clock, decode_step, prefill
-from .kv_cache import KVCache
+from ..generate import clock, decode_step, prefill
+from ..kv_cache import KVCache
 from .launch import rank_device
-from .model import TinyLlama
-from .parallel import CountingAllReduce, dist_all_reduce, shard_model
+from ..model import TinyLlama
+from .tensor import CountingAllReduce, dist_all_reduce, shard_model
 from .pipeline import Stage, Timeline, pipeline_forward, split_micro_batches
 
 

@@ -8,7 +8,7 @@
 
 The path of one request: the handler validates the body and tokenizes the prompt, checks
 prompt + ``max_tokens`` against the context window (400 naming both), and submits it to the
-:class:`~tinyserve.async_engine.AsyncEngine`. It then waits for the *first* token before
+:class:`~tinyserve.serving.async_engine.AsyncEngine`. It then waits for the *first* token before
 answering, so a request refused after queueing (queue full, deadline passed: 429 with
 ``Retry-After``) still gets a proper status code instead of a stream that breaks. Tokens are
 detokenized incrementally (a multi-byte character may span two tokens) and checked against
@@ -30,13 +30,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from . import api_schema as api
 from .async_engine import AsyncEngine, QueueFullError, RequestStream, ShuttingDownError
-from .engine import Engine, EngineConfig
-from .generate import PromptError
-from .metrics import RequestTrace
-from .model import TinyLlama
-from .sampling import SamplingParams
+from ..engine import Engine, EngineConfig
+from ..generate import PromptError
+from ..metrics import RequestTrace
+from ..model import TinyLlama
+from ..sampling import SamplingParams
 from .server_metrics import ServerMetrics
-from .tokenizer import TinyTokenizer
+from ..tokenizer import TinyTokenizer
 
 
 class APIError(Exception):
@@ -98,10 +98,10 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
                drain_timeout_s: float = 10.0) -> FastAPI:
     """The app; the engine thread starts with the app's lifespan and drains at shutdown."""
     if model is None:
-        from .checkpoint import load_model
+        from ..checkpoint import load_model
         model = load_model(model_name)
     if tokenizer is None:
-        from .tokenizer import load_tokenizer
+        from ..tokenizer import load_tokenizer
         tokenizer = load_tokenizer()
     tok: TinyTokenizer = tokenizer
     window = model.config.max_position_embeddings

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 GB = 10**9
 GiB = 2**30

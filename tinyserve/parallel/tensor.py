@@ -19,8 +19,8 @@ every rank holds the same hidden state and picks the same next token.
 
 :func:`tp_forward_in_process` runs the same split in one process (the all-reduce is a plain
 sum over the shards), which checks the math without any processes. Real ranks are started by
-:func:`tinyserve.launch.launch`; :func:`tp_check_worker` is what each rank runs to check the
-split against the model, and :mod:`tinyserve.parallel_bench` times it.
+:func:`tinyserve.parallel.launch.launch`; :func:`tp_check_worker` is what each rank runs to check the
+split against the model, and :mod:`tinyserve.parallel.timing` times it.
 """
 from __future__ import annotations
 
@@ -33,11 +33,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .generate import clock, decode_step, prefill
-from .kv_cache import KVCache
+from ..config import ModelConfig
+from ..generate import clock, decode_step, prefill
+from ..kv_cache import KVCache
 from .launch import rank_device
-from .model import MLP, Attention, KVStore, TinyLlama, rope_cos_sin
+from ..model import MLP, Attention, KVStore, TinyLlama, rope_cos_sin
 
 AllReduce = Callable[[Tensor], Tensor]
 

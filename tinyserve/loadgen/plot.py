@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .loadgen import knee
+from .generator import knee
 
 
 def plot_sweep(points: Sequence[dict[str, Any]], path: str | None = None,

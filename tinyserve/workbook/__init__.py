@@ -1,0 +1,7 @@
+"""Course helpers the chapters and exercises call (not part of the engine).
+
+- ``capacity``: KV bytes per sequence, GB vs GiB, device memory plans (chapter 2, Harbor).
+- ``lab``: the predict-first widget (commit a guess, then see the answer).
+- ``plots``: the latency bars and phase-cost plots (chapters 0, 1, 9).
+- ``model_card``: the shipped models' card (quality, size, training run).
+"""
