@@ -46,6 +46,7 @@ Around it
     workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (predict-first
                     widget), ``plots``, ``model_card``
     provenance      the machine and commit recorded with every benchmark report
+    tables          the plain-text table every report prints
     __main__        ``python -m tinyserve COMMAND``
 """
 from .checkpoint import load_model
