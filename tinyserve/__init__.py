@@ -45,6 +45,7 @@ Serving (chapter 9)
 Around it
     workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (predict-first
                     widget), ``plots``, ``model_card``
+    paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints
     __main__        ``python -m tinyserve COMMAND``
