@@ -206,6 +206,30 @@ def test_models_health_and_metrics(server) -> None:
     assert 'tinyserve_requests_total{endpoint="/v1/completions",status="200"}' in text
 
 
+def _requests_counted(url: str, endpoint: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == "tinyserve_requests_total"
+               and sample.labels == {"endpoint": endpoint, "status": "200"})
+
+
+@pytest.mark.parametrize("max_tokens, finish", [(3, "length"), (400, "stop")])
+def test_streamed_and_whole_replies_finish_and_count_alike(server, max_tokens, finish) -> None:
+    url, _ = server
+    client = _client(url)
+    before = _requests_counted(url, "/v1/chat/completions")
+    kwargs = dict(model="target", max_tokens=max_tokens, temperature=0,
+                  messages=[{"role": "user", "content": "Subject: Login fails"}])
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert whole.choices[0].finish_reason == finish and reasons == [finish]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert _requests_counted(url, "/v1/chat/completions") == before + 2
+
+
 def test_cancel_storm_frees_every_block(server) -> None:
     url, _ = server
     rng = random.Random(0)
@@ -294,7 +318,7 @@ def test_shutdown_drains_in_flight_requests(model, tok) -> None:
         t = threading.Thread(target=call)
         t.start()
         deadline = time.time() + 10
-        while not app.state.tinyserve["engine"].engine.num_running and time.time() < deadline:
+        while not app.state.server.engine.engine.num_running and time.time() < deadline:
             time.sleep(0.01)
     t.join(timeout=60)                                     # the server stopped after draining
     assert result["r"].status_code == 200

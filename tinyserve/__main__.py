@@ -153,6 +153,19 @@ def _cmd_model_card(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_bench_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    import bench  # the CLI's door to the suites; no library module imports bench
+    b = sub.add_parser("bench", help="run a benchmark suite and report ratios",
+                       description="suites:\n" + "\n".join(f"  {k:9s} {v}" for k, v in
+                                                            bench.SUITES.items()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("suite", help="one of: " + ", ".join(bench.SUITES))
+    b.add_argument("--json", help="also write the report as JSON to this path")
+    b.add_argument("--quick", action="store_true",
+                   help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
+    b.set_defaults(func=_cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tinyserve", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,16 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recompute the whole sequence every step (the reference loop)")
     g.set_defaults(func=_cmd_generate)
 
-    import bench
-    b = sub.add_parser("bench", help="run a benchmark suite and report ratios",
-                       description="suites:\n" + "\n".join(f"  {k:9s} {v}" for k, v in
-                                                            bench.SUITES.items()),
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("suite", help="one of: " + ", ".join(bench.SUITES))
-    b.add_argument("--json", help="also write the report as JSON to this path")
-    b.add_argument("--quick", action="store_true",
-                   help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
-    b.set_defaults(func=_cmd_bench)
+    add_bench_parser(sub)
 
     s = sub.add_parser("serve", help="an OpenAI-compatible server over the engine")
     s.add_argument("--host", default="127.0.0.1")

@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from .config import ModelConfig
 from .device import resolve
 from .model import TinyLlama
+from .paths import ASSETS
 
-ASSETS = Path(__file__).resolve().parent / "assets"
 MODELS_DIR = ASSETS / "models"
 MANIFEST = ASSETS / "MANIFEST.sha256"
 MODEL_NAMES = ("target", "draft")

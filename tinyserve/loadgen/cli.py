@@ -61,7 +61,7 @@ def add_parser(sub: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from bench.common import table
+    from ..tables import table
     from .prompts import Prompt, corpus_prompts, harbor_prompts, ticket_prompts
     from .generator import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
     from ..serving.local_servers import server_processes

@@ -19,7 +19,8 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class _Common(BaseModel):
+class CommonParams(BaseModel):
+    """The parameters completions and chat share."""
     model_config = ConfigDict(extra="allow")   # unknown OpenAI fields are accepted and ignored
 
     model: str
@@ -60,7 +61,7 @@ class _Common(BaseModel):
         return stops
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(CommonParams):
     prompt: str | list[int] | list[str]
     max_tokens: int | None = Field(default=16, ge=1)    # OpenAI's default for completions
     echo: bool = False
@@ -88,7 +89,7 @@ class ChatMessage(BaseModel):
     content: str
 
 
-class ChatRequest(_Common):
+class ChatRequest(CommonParams):
     messages: list[ChatMessage] = Field(min_length=1)
 
     @field_validator("messages")
