@@ -92,8 +92,8 @@ lab: $(VENV)/.stamp-base
 	@test -d ".jupyter/roles/$(ROLE)" || { echo "ROLE=$(ROLE): no such role; use learner, instructor or student"; exit 2; }
 	@mkdir -p "$(dir $(LAB_LOG))"
 	@echo "Starting JupyterLab ($(ROLE)) on $(LAB_IP):$(LAB_PORT); server log: $(LAB_LOG)"
-	@cd "$(LAB_ROOT)" && JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter/roles/$(ROLE)" \
-	  "$(abspath $(VENV))/bin/jupyter" lab $(LAB_FLAGS) > "$(LAB_LOG)" 2>&1 & pid=$$!; \
+	@(cd "$(LAB_ROOT)" && exec env JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter/roles/$(ROLE)" \
+	  "$(abspath $(VENV))/bin/jupyter" lab $(LAB_FLAGS)) > "$(LAB_LOG)" 2>&1 & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
 	until (exec 3<>/dev/tcp/$(LAB_IP)/$(LAB_PORT)) 2>/dev/null; do \
 	  kill -0 $$pid 2>/dev/null || { tail -n 20 "$(LAB_LOG)"; echo "JupyterLab did not start (log above: $(LAB_LOG))"; exit 1; }; \
@@ -145,9 +145,9 @@ hub-deps:
 hub: $(VENV)/.stamp-hub $(CHP)
 	@test "$$(id -u)" = 0 || { echo "make hub creates Unix accounts and runs each user's Lab as that user: run it as root (sudo make hub)"; exit 2; }
 	$(PY) hub/setup_class.py --hub-dir "$(HUB_DIR)" --instructor "$(HUB_INSTRUCTOR)" --students "$(HUB_STUDENTS)"
-	@cd "$(HUB_DIR)/state" && TINYSERVE_HUB_DIR="$(HUB_DIR)" TINYSERVE_INSTRUCTOR="$(HUB_INSTRUCTOR)" \
+	@(cd "$(HUB_DIR)/state" && exec env TINYSERVE_HUB_DIR="$(HUB_DIR)" TINYSERVE_INSTRUCTOR="$(HUB_INSTRUCTOR)" \
 	  TINYSERVE_STUDENTS="$(HUB_STUDENTS)" TINYSERVE_HUB_IP="$(HUB_IP)" TINYSERVE_HUB_PORT="$(HUB_PORT)" \
-	  "$(abspath $(VENV))/bin/jupyterhub" -f "$(CURDIR)/hub/jupyterhub_config.py" > hub.log 2>&1 & pid=$$!; \
+	  "$(abspath $(VENV))/bin/jupyterhub" -f "$(CURDIR)/hub/jupyterhub_config.py") > "$(HUB_DIR)/state/hub.log" 2>&1 & pid=$$!; \
 	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
 	until (exec 3<>/dev/tcp/$(HUB_IP)/$(HUB_PORT)) 2>/dev/null; do \
 	  kill -0 $$pid 2>/dev/null || { tail -n 20 "$(HUB_DIR)/state/hub.log"; echo "the hub did not start (log above)"; exit 1; }; \

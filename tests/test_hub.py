@@ -66,6 +66,7 @@ class Hub:
     dir: Path
     proc: subprocess.Popen
     log: Path
+    password: str
 
     @property
     def python(self) -> str:
@@ -145,9 +146,10 @@ def hub() -> Iterator[Hub]:
         Path(entry.pw_dir).mkdir(mode=0o700)
         os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
     hub_dir = Path(tempfile.mkdtemp(prefix="tsh-hub-"))
+    password = secrets.token_urlsafe(12)
     subprocess.run([sys.executable, str(ROOT / "hub" / "setup_class.py"), "--hub-dir",
                     str(hub_dir), "--instructor", INSTRUCTOR, "--students", f"{ADA},{BOB}",
-                    "--password", secrets.token_urlsafe(12)],
+                    "--password", password],
                    check=True, capture_output=True, timeout=120)
     port = free_port()
     token = secrets.token_hex(16)
@@ -160,7 +162,7 @@ def hub() -> Iterator[Hub]:
                              str(ROOT / "hub" / "jupyterhub_config.py")],
                             cwd=hub_dir / "state", env=env, stdout=open(log, "wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
-    h = Hub(f"http://127.0.0.1:{port}", token, hub_dir, proc, log)
+    h = Hub(f"http://127.0.0.1:{port}", token, hub_dir, proc, log, password)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -191,6 +193,36 @@ def hub() -> Iterator[Hub]:
         shutil.copy(log, ROOT / "artifacts" / "hub-test.log")
         shutil.rmtree(hub_dir, ignore_errors=True)
         assert not left, f"processes of the class's accounts outlived the hub: {left}"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return None
+
+
+def log_in(hub: Hub, user: str, password: str) -> tuple[int, str]:
+    """The login form, as a browser posts it (with its _xsrf field): (status, redirect)."""
+    import http.cookiejar
+    import urllib.parse
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()), _NoRedirect)
+    form = opener.open(f"{hub.url}/hub/login", timeout=30).read().decode()
+    xsrf = re.search(r'name="_xsrf"[^>]*value="([^"]+)"', form).group(1)
+    body = urllib.parse.urlencode({"username": user, "password": password,
+                                   "_xsrf": xsrf}).encode()
+    try:
+        with opener.open(f"{hub.url}/hub/login", data=body, timeout=60) as r:
+            return r.status, ""
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Location", "")
+
+
+def test_the_class_logs_in_with_its_unix_passwords_and_no_one_else(hub: Hub) -> None:
+    status, where = log_in(hub, ADA, hub.password)
+    assert status == 302 and where.startswith("/hub/"), (status, where)
+    assert log_in(hub, ADA, hub.password + "x")[0] == 403
+    # root is a Unix account too, but not one of the class's
+    assert log_in(hub, "root", hub.password)[0] == 403
 
 
 @pytest.fixture(scope="module")
