@@ -1,9 +1,11 @@
 """The command line: useful output, and one clear line (no traceback) for bad input."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from tinyserve.__main__ import main
+from tinyserve.__main__ import build_parser, main
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -18,8 +20,36 @@ def test_empty_prompt_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_model_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--model", "giant")
-    assert code == 2 and "unknown model 'giant'" in err and "target, draft" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--prompt", "hi", "--model", "giant"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice: 'giant'" in err and "'target', 'draft'" in err
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions
+                  if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_model_choice_comes_from_one_list() -> None:
+    from tinyserve.paths import MODEL_NAMES
+    seen = 0
+    for name, parser in _subparsers().items():
+        for action in parser._actions:
+            if "--model" in action.option_strings and name != "loadgen":  # loadgen: any server's
+                assert tuple(action.choices) == MODEL_NAMES, name
+                seen += 1
+    assert seen == 4   # generate, serve, calibrate, export-hf
+
+
+def test_serve_defaults_are_serve_options() -> None:
+    from dataclasses import fields
+
+    from tinyserve.serving.options import ServeOptions
+    args = build_parser().parse_args(["serve"])
+    assert ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)}) \
+        == ServeOptions()
 
 
 def test_prompt_longer_than_the_context_window(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,8 +37,9 @@ Cheaper tokens (chapters 6-8)
 Serving (chapter 9)
     serving/        ``server`` (the OpenAI-compatible app), ``async_engine`` (the step loop
                     behind it), ``api_schema`` (request bodies, chat template),
-                    ``server_metrics`` (Prometheus), ``routing`` (replicas),
-                    ``local_servers`` (our server on a free port)
+                    ``server_metrics`` (Prometheus), ``options`` (the server's knobs
+                    and defaults), ``routing`` (replicas), ``local_servers`` (our server
+                    on a free port)
     loadgen/        ``generator`` (arrivals, streamed requests, summaries), ``prompts``,
                     ``cli`` (``python -m tinyserve loadgen``), ``plot``
 

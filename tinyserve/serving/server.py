@@ -36,6 +36,7 @@ from ..generate import PromptError
 from ..metrics import RequestTrace
 from ..model import TinyLlama
 from ..sampling import SamplingParams
+from .options import ServeOptions
 from .server_metrics import ServerMetrics
 from ..tokenizer import TinyTokenizer
 
@@ -364,7 +365,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
         from ..tokenizer import load_tokenizer
         tokenizer = load_tokenizer()
     server = OpenAIServer(ServerState(
-        model_name, model, tokenizer, engine_config or EngineConfig(**SERVE_DEFAULTS),
+        model_name, model, tokenizer, engine_config or EngineConfig(**ServeOptions().engine_sizes()),
         max_waiting=max_waiting, queue_timeout_s=queue_timeout_s, drain_timeout_s=drain_timeout_s))
     app = FastAPI(title="tinyserve", lifespan=server.lifespan,
                   description="OpenAI-compatible completions over the course's engine")
@@ -377,11 +378,6 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
     app.get("/health")(server.health)
     app.get("/metrics")(server.metrics)
     return app
-
-
-#: The engine's sizes when none are given: ``python -m tinyserve serve``'s defaults too.
-SERVE_DEFAULTS: dict[str, Any] = {"num_blocks": 1024, "block_size": 16, "max_num_seqs": 16,
-                                  "max_num_batched_tokens": 256}
 
 
 def _finish_reason(engine_reason: str | None) -> str:
