@@ -58,6 +58,15 @@ def test_prompt_longer_than_the_context_window(capsys: pytest.CaptureFixture[str
     assert "context window is 512" in err and "shorten the prompt" in err
 
 
+def test_truncate_stops_at_the_window_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "generate", "--prompt", "word " * 250, "--max-tokens", "50",
+                        "--truncate")
+    assert code == 0, err
+    # 500 prompt tokens leave 12 in the 512-token window.
+    assert err.strip().splitlines()[-1].startswith("12 tokens")
+    assert "(--max-tokens 50 cut to 12: the 512-token context window)" in err
+
+
 def test_negative_temperature_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "generate", "--prompt", "hi", "--temperature", "-1")
     assert code == 2 and "temperature must be >= 0" in err
@@ -82,7 +91,12 @@ def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (("generate", "--example", "-1"), "ticket number >= 0"),
+    (("generate", "--example", "-1"), "--example takes a ticket number from 0 to 99, got -1"),
+    (("generate", "--example", "100"), "--example takes a ticket number from 0 to 99, got 100"),
+    (("generate", "--prompt", "hi", "--max-tokens", "0"), "--max-tokens must be at least 1"),
+    (("generate", "--prompt", "hi", "--max-tokens", "600"),
+     "context window is 512 tokens; the prompt has 2 tokens and --max-tokens is 600 (602 in all); "
+     "shorten the prompt or lower --max-tokens; or pass --truncate"),
     (("train", "--preset", "draft", "--steps", "0"), "--steps must be at least 1"),
     (("bench", "nosuch"), "unknown bench suite 'nosuch'"),
     (("calibrate", "--repeats", "0"), "--repeats must be at least 1"),

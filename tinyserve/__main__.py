@@ -20,6 +20,8 @@ from pathlib import Path
 from .paths import MODEL_NAMES
 from .serving.options import ServeOptions
 
+#: How many held-out sample tickets ``generate --example`` offers.
+EXAMPLES = 100
 #: ``add_parser``'s return type (argparse does not export a name for it).
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -35,23 +37,28 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("give a prompt with --prompt TEXT, or --example N for a sample ticket.")
     if args.example is not None:
         from .corpus import example_prompts
-        if args.example < 0:
-            raise ValueError(f"--example takes a ticket number >= 0, got {args.example}.")
+        if not 0 <= args.example < EXAMPLES:
+            raise ValueError(f"--example takes a ticket number from 0 to {EXAMPLES - 1}, "
+                             f"got {args.example}.")
         prompt = example_prompts(args.example + 1)[args.example]
     else:
         prompt = args.prompt
     if not prompt.strip():
         raise ValueError("the prompt is empty; give some text with --prompt.")
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}.")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     tok = load_tokenizer()
     model = load_model(args.model)
     ids = tok.encode(prompt)
+    max_tokens, cut = _fit_window(len(ids), args.max_tokens, model.config.max_position_embeddings,
+                                  args.truncate)
     if args.echo or args.example is not None:
         print(prompt, end="", flush=True)
     trace = RequestTrace(prompt_tokens=len(ids), arrival=clock(model.device))
     out: list[int] = []
     shown = ""
-    for token in generate_stream(model, ids, args.max_tokens, sampling=sampling,
+    for token in generate_stream(model, ids, max_tokens, sampling=sampling,
                                  stop_ids=(tok.eos_id,), use_cache=not args.no_cache,
                                  trace=trace):
         out.append(token)
@@ -64,8 +71,22 @@ def _cmd_generate(args: argparse.Namespace) -> int:
                 shown = text
     text = tok.decode(out, skip_special=True)
     print(text[len(shown):] if args.stream else text)
-    print(summary_line(trace), file=sys.stderr)
+    print(summary_line(trace) + cut, file=sys.stderr)
     return 0
+
+
+def _fit_window(prompt_tokens: int, max_tokens: int, window: int, truncate: bool) -> tuple[int, str]:
+    """``max_tokens`` if the request fits the context window; else the server's 400 message as
+    an error, or with ``truncate`` the tokens that fit and a note for the summary line."""
+    from .serving.api_schema import context_window_message
+    if prompt_tokens + max_tokens <= window:
+        return max_tokens, ""
+    message = context_window_message(window, prompt_tokens, max_tokens)
+    if not truncate or prompt_tokens >= window:
+        hint = "" if prompt_tokens >= window else "; or pass --truncate to stop at the window"
+        raise ValueError(message.replace("max_tokens", "--max-tokens") + hint)
+    fit = window - prompt_tokens
+    return fit, f" (--max-tokens {max_tokens} cut to {fit}: the {window}-token context window)"
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -150,8 +171,11 @@ def add_generate_parser(sub: SubParsers) -> None:
     g = sub.add_parser("generate", help="continue a prompt")
     g.add_argument("--prompt", help="text to continue (ticket markers like <|ticket|> allowed)")
     g.add_argument("--example", type=int, metavar="N",
-                   help="use the N-th held-out sample ticket as the prompt")
-    g.add_argument("--max-tokens", type=int, default=200)
+                   help=f"use the N-th held-out sample ticket as the prompt (0 to {EXAMPLES - 1})")
+    g.add_argument("--max-tokens", type=int, default=200,
+                   help="tokens to generate at most; prompt + this must fit the context window")
+    g.add_argument("--truncate", action="store_true",
+                   help="stop at the context window instead of refusing a longer request")
     add_model_argument(g)
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--seed", type=int, default=None)
