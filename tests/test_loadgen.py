@@ -5,6 +5,7 @@ Nothing here asserts a duration: client and server timings are only compared for
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,27 @@ def test_fixed_concurrency_of_one_never_overlaps(server) -> None:
     results = run_load(url, "target", corpus_prompts(3, max_tokens=2), concurrency=1)
     assert all(r.ok for r in results)
     assert all(b.start >= a.end for a, b in zip(results, results[1:]))
+
+
+def test_the_clock_starts_when_the_request_is_sent(server) -> None:
+    """Two requests through a pool of one connection: the second waits for the connection,
+    and that wait is not its latency (its clock starts after the first's last chunk)."""
+    import asyncio
+
+    import httpx
+
+    from tinyserve.loadgen.generator import send
+    url, _ = server
+    prompts = corpus_prompts(2, max_tokens=8)
+
+    async def both() -> tuple[list, float]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1)) as c:
+            created = time.perf_counter()
+            return list(await asyncio.gather(*(send(c, url, "target", p) for p in prompts))), created
+
+    (first, second), created = asyncio.run(both())
+    assert first.ok and second.ok
+    assert created < first.start and second.start >= first.end
 
 
 def test_cli_writes_the_metrics_object(server, tmp_path: Path) -> None:

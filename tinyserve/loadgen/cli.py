@@ -44,7 +44,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LOW", "HIGH"),
                    help="output caps for --dataset uniform (inclusive range)")
     p.add_argument("--ignore-eos", action="store_true",
-                   help="send vLLM's ignore_eos (exact output lengths there; ours ignores it)")
+                   help="send ignore_eos (vLLM's extension, which our server honours too): run "
+                        "every request to its max_tokens, for exact output lengths")
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--slo-e2el-ms", type=float, default=None)

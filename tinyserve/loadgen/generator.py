@@ -6,7 +6,11 @@ timestamped on arrival at the client. From those timestamps come the standard se
 figures (the definitions of :mod:`tinyserve.metrics`, as in vLLM's benchmark):
 
 - **TTFT** first chunk - send time; **ITL** every gap between chunks (pooled over requests);
-  **TPOT** (E2E - TTFT) / (output tokens - 1) per request; **E2E** last chunk - send time;
+  **TPOT** (E2E - TTFT) / (output tokens - 1) per request; **E2E** last chunk - send time.
+  The *send time* is when the request's first bytes go out (httpcore's
+  ``send_request_headers`` trace event): after a connection was taken from the pool (or
+  opened) and the request built, so waiting for a free connection or building the body is
+  not counted as the server's latency;
 - **request / output throughput** completed requests and output tokens per second of the
   run (first send to last finish); **goodput** completed requests per second that met every
   SLO given (TTFT, TPOT, E2E limits in ms); failed or refused requests (429) count for nothing.
@@ -15,10 +19,9 @@ Arrivals are Poisson or bursty at a rate (:func:`tinyserve.workload.arrival_time
 everything at once with a concurrency cap (a fixed number of users, each sending its next
 request as soon as the last one finished). Prompts come from :mod:`tinyserve.loadgen.prompts`.
 
-Output lengths: our server always stops at ``<|end|>`` (there is no ``ignore_eos``), so a
-request's ``max_tokens`` is a cap, and the report uses the *real* output lengths from the
-final usage chunk. Against vLLM, ``ignore_eos=True`` sends vLLM's flag to force exact
-lengths (our server accepts and ignores unknown fields).
+Output lengths: by default a request stops at ``<|end|>``, so its ``max_tokens`` is a cap, and
+the report uses the *real* output lengths from the final usage chunk. ``ignore_eos=True``
+sends vLLM's flag, which our server honours too, to force exact lengths.
 """
 from __future__ import annotations
 
@@ -84,9 +87,15 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
     if ignore_eos:
         body["ignore_eos"] = True
     res = Result(prompt.prompt_tokens, time.perf_counter(), replica=replica)
+
+    async def on_send(event: str, info: dict[str, Any]) -> None:
+        # The clock starts as the request's headers go out (see the module docstring).
+        if event.endswith("send_request_headers.started"):
+            res.start = time.perf_counter()
+
     try:
         async with client.stream("POST", base_url.rstrip("/") + "/v1/completions",
-                                 json=body) as r:
+                                 json=body, extensions={"trace": on_send}) as r:
             res.status = r.status_code
             if r.status_code != 200:
                 raw = (await r.aread()).decode(errors="replace")
