@@ -16,6 +16,7 @@ SUITES = {
     "prefix": "TTFT with and without a prefix-cache hit on a shared system prompt",
     "chunked": "p99 ITL with and without chunked prefill (real model); size-aware vs FCFS p99 TTFT (simulator)",
     "kv": "cached vs uncached decode: per-token cost by position, speed-up at 256 and 512",
+    "decode": "decode step vs its roofline: eager and compiled, batch 1 to 64, bandwidth and FLOP bounds",
     "hf": "our cached greedy loop vs transformers generate() (batch 1 and 8), decode roofline",
     "quant": "int8 weights / KV cache and bf16 vs fp32: memory, decode speed, quality",
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",

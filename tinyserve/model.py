@@ -226,7 +226,9 @@ class TinyLlama(nn.Module):
         if positions.dim() == 1:
             positions = positions.expand(B, T)
         limit = self.config.max_position_embeddings
-        if T and int(positions.max()) >= limit:
+        # The check reads a value back from the device; a compiled step (static shapes,
+        # positions checked by its caller) must not, so it skips it while tracing.
+        if T and not torch.compiler.is_compiling() and int(positions.max()) >= limit:
             raise ValueError(
                 f"position {int(positions.max())} is outside the context window of {limit} "
                 f"tokens; shorten the prompt or lower max_tokens so prompt + output <= {limit}.")
