@@ -16,6 +16,8 @@ One request (chapters 0-2)
     sampling        greedy, temperature, top-k, top-p, seeded
     generate        the recompute loop and the cached loop with a clock (prefill, decode)
     kv_cache        the contiguous KV cache
+    compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
+    roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
 
 Many requests (chapters 3-5)
