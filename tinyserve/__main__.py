@@ -60,7 +60,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     shown = ""
     for token in generate_stream(model, ids, max_tokens, sampling=sampling,
                                  stop_ids=(tok.eos_id,), use_cache=not args.no_cache,
-                                 trace=trace):
+                                 trace=trace, compile=args.compile):
         out.append(token)
         if args.stream:
             # Decode everything so far and print the new suffix: one token can be half of a
@@ -91,7 +91,7 @@ def _fit_window(prompt_tokens: int, max_tokens: int, window: int, truncate: bool
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     import bench  # the suites ship as their own package next to tinyserve
-    bench.run_suite(args.suite, json_path=args.json, quick=args.quick)
+    bench.run_suite(args.suite, json_path=args.json, quick=args.quick, compile=args.compile)
     return 0
 
 
@@ -185,6 +185,8 @@ def add_generate_parser(sub: SubParsers) -> None:
     g.add_argument("--stream", action="store_true", help="print tokens as they are made")
     g.add_argument("--no-cache", action="store_true",
                    help="recompute the whole sequence every step (the reference loop)")
+    g.add_argument("--compile", action="store_true",
+                   help="decode with a torch.compile-d step (CUDA graphs on a GPU); compiles first")
     g.set_defaults(func=_cmd_generate)
 
 
@@ -198,6 +200,8 @@ def add_bench_parser(sub: SubParsers) -> None:
     b.add_argument("--json", help="also write the report as JSON to this path")
     b.add_argument("--quick", action="store_true",
                    help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
+    b.add_argument("--compile", action="store_true",
+                   help="time our side with the compiled decode step (suites: hf)")
     b.set_defaults(func=_cmd_bench)
 
 
