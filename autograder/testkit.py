@@ -159,6 +159,15 @@ def _integrity_report(nonce: str) -> None:
     print("AUTOGRADER-INTEGRITY " + json.dumps(report), flush=True)
 
 
+def _name_of(value: object) -> str:
+    """The type to name in a message; for a value that stayed in the student's kernel (a
+    handle of the trusted runner), the student's own type, said to be not plain data."""
+    kind = _type(value)
+    if _getattr(kind, "_autograder_remote", False) is True:
+        return f"{object.__getattribute__(value, '_type')} (not a plain value)"
+    return kind.__name__
+
+
 def _fail(name: str, message: str) -> None:
     _STATS["failed"] += 1
     raise _AssertionError(f"[{name}] {message}")
@@ -174,7 +183,7 @@ def _as_number(name: str, got: object) -> float:
     if _type(got) is bool or _type(got) not in _NUMBER_TYPES:
         if _type(got).__module__ == "numpy" and _type(got).__name__.startswith(("float", "int")):
             return _float(got.item())  # numpy scalar: convert through its own item()
-        _fail(name, f"expected a number (int or float), got {_type(got).__name__}")
+        _fail(name, f"expected a number (int or float), got {_name_of(got)}")
     value = _float(got)
     if not _isfinite(value):
         _fail(name, f"expected a finite number, got {value!r}")
@@ -210,7 +219,7 @@ def check_equal(got: object, expected: object, *, name: str, hint: str | None = 
 def _check_equal(got: object, expected: object, *, name: str, hint: str | None) -> None:
     # Compare the *expected* value's type first, so a student object's __eq__ is never called.
     if _type(got) is not _type(expected):
-        _fail(name, f"expected a {_type(expected).__name__}, got {_type(got).__name__}")
+        _fail(name, f"expected a {_type(expected).__name__}, got {_name_of(got)}")
     if _isinstance(expected, (list, tuple)):
         if _len(got) != _len(expected):  # type: ignore[arg-type]
             _fail(name, f"expected {_len(expected)} items, got {_len(got)}")  # type: ignore[arg-type]

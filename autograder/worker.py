@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 
 from .course import Course, grader_template, write_json
-from .execute import RunReport, run_notebook
+from .execute import Plan, RunReport, run_notebook
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     write_kernelspec
 from .scan import names_bound, scan_cell
@@ -37,6 +37,9 @@ class Job:
     cell_timeout: float = 60
     total_timeout: float = 600
     limits: dict = field(default_factory=lambda: asdict(Limits()))
+    # "trusted": test cells run in the trusted runner (the grading path); "kernel": the old
+    # in-kernel design, kept only so the tests can show which attacks it fell for.
+    tests_in: str = "trusted"
 
 
 def grade(job: Job) -> dict:
@@ -183,10 +186,12 @@ def failure_message(r) -> str:
         return "timed out (an answer cell may loop forever)"
     if r.status == "not_run":
         return f"not run: {r.evalue}"
-    if r.ename == "AssertionError":
-        return r.evalue
     if r.ename == "NotImplementedError":
         return "not answered yet (the answer cell still raises NotImplementedError)"
+    if r.ename == "NotAnswered" and not r.student:
+        return f"not answered yet: {r.evalue}"
+    if r.ename == "AssertionError" and not r.student:
+        return r.evalue
     return f"your code raised {r.ename}: {r.evalue[:300]}"
 
 
@@ -243,11 +248,12 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
                            connection_file=str(Path(spec.run_dir) / "kernel.json"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}
         env["AUTOGRADER_SANDBOX"] = spec.to_env()
-        guarded = {i for i, c in enumerate(nb.cells) if is_test(c)}
+        plan = grading_plan(nb, trusted=job.tests_in == "trusted",
+                            trusted_cwd=str(trusted_folder(course, job, scratch)))
         with open(scratch / "kernel.log", "wb") as log:
             report = run_notebook(nb, km, cwd=str(home), env=env,
                                   cell_timeout=job.cell_timeout,
-                                  total_timeout=job.total_timeout, guarded=guarded,
+                                  total_timeout=job.total_timeout, plan=plan,
                                   kernel_output=log, after_start=lambda: lock_ipc(spec))
         report.audit = read_audit(Path(spec.audit_log))  # type: ignore[attr-defined]
         if report.kernel_died and not any(r.status != "not_run" for r in report.cells.values()):
@@ -257,6 +263,32 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
         return report
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def grading_plan(nb: nbformat.NotebookNode, *, trusted: bool = True,
+                 trusted_cwd: str | None = None) -> Plan:
+    """Test cells to the trusted runner; read-only code cells to both sides."""
+    tests = {i for i, c in enumerate(nb.cells) if is_test(c)}
+    both = {i for i, c in enumerate(nb.cells) if is_read_only_code(c)}
+    return Plan(trusted_tests=trusted, tests=tests, both=both, trusted_cwd=trusted_cwd)
+
+
+def is_read_only_code(cell: nbformat.NotebookNode) -> bool:
+    nbg = nbgrader_meta(cell) or {}
+    return (cell.cell_type == "code" and bool(nbg.get("locked"))
+            and not nbg.get("grade") and not nbg.get("solution"))
+
+
+def trusted_folder(course: Course, job: Job, scratch: Path) -> Path:
+    """The trusted runner's working folder: the released data files, out of the kernel's
+    reach (the kernel sees only its own run folder)."""
+    folder = scratch / "trusted"
+    for rel in course.support_files(job.assignment):
+        dest = folder / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(course.release / job.assignment / rel, dest)
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def read_audit(path: Path) -> list[str]:
