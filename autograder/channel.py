@@ -9,9 +9,11 @@ Why
 
 The channel
     The only link to the kernel is jupyter's own connection (the sockets nbclient already
-    uses). Each request is a *silent* execute request whose single ``user_expressions``
-    entry calls ``autograder.agent.serve(REQUEST)``; ipykernel evaluates it and the reply
-    string comes back in the execute reply. Requests and replies are JSON built by
+    uses). When a trusted cell first needs the kernel, the runner sends one silent execute
+    request, ``autograder.agent.serve_loop()``, with stdin allowed. The loop asks for input;
+    each request goes to the kernel as jupyter's *input reply*, and the kernel's answer
+    comes back as the prompt of its next *input request*. ``done`` ends the loop when the
+    cell is over. Requests and replies are JSON built by
     ``autograder.wire`` (plain data; tensors and arrays as dtype + shape + raw bytes; objects
     that stay in the kernel as opaque handles). Never pickle, never code from the kernel.
 
@@ -49,14 +51,14 @@ Why a submission cannot forge a verdict
 """
 from __future__ import annotations
 
-import ast
 import builtins
 import time
 
-from .wire import Decoder, Encoder, WireError, class_path, object_fields
+from .wire import MAX_MESSAGE_BYTES, Decoder, Encoder, WireError, allowed_class, class_path, \
+    object_fields, rebuild
 
 MESSAGE_CAP = 500
-AGENT = "__import__('autograder.agent').agent.serve({!r})"
+AGENT = "__import__('autograder.agent').agent.serve_loop()"
 
 
 class StudentError(Exception):
@@ -79,16 +81,20 @@ def _cap(text: str, n: int = MESSAGE_CAP) -> str:
 class Remote:
     """An object that stays in the student's kernel; every use is one request.
 
-    Compares by identity only: its ``__eq__`` is object's, never the student's.
+    Compares by identity only: its ``__eq__`` is object's, never the student's. Reading an
+    attribute uses a snapshot of the instance's own data attributes, taken with one request
+    and valid until the next request that may run student code; calling a method the class
+    defines is one request (``callattr``).
     """
 
-    __slots__ = ("_ch", "_ref", "_type")
+    __slots__ = ("_ch", "_ref", "_type", "_methods", "_state", "_epoch")
     _autograder_remote = True
 
-    def __init__(self, channel: "Channel", ref: int, type_name: str):
-        object.__setattr__(self, "_ch", channel)
-        object.__setattr__(self, "_ref", ref)
-        object.__setattr__(self, "_type", type_name)
+    def __init__(self, channel: "Channel", ref: int, type_name: str,
+                 methods: frozenset = frozenset()):
+        for name, value in (("_ch", channel), ("_ref", ref), ("_type", type_name),
+                            ("_methods", methods), ("_state", None), ("_epoch", -1)):
+            object.__setattr__(self, name, value)
 
     def __call__(self, *args, **kwargs):
         return self._ch.request("call", ref=self._ref, args=list(args), kwargs=dict(kwargs))
@@ -96,7 +102,16 @@ class Remote:
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return self._ch.request("getattr", ref=self._ref, name=name)
+        if name in self._methods:
+            return _Method(self, name)
+        ch = self._ch
+        if self._epoch != ch.epoch:
+            state = ch.request("state", ref=self._ref)
+            object.__setattr__(self, "_state", state if type(state) is dict else None)
+            object.__setattr__(self, "_epoch", ch.epoch)
+        if self._state is not None and type(self._state.get(name)) is str:
+            return ch.decode(self._state[name])
+        return ch.request("getattr", ref=self._ref, name=name)
 
     def __setattr__(self, name: str, value) -> None:
         self._ch.request("setattr", ref=self._ref, name=name, value=value)
@@ -126,6 +141,23 @@ class Remote:
     __str__ = __repr__
 
 
+class _Method:
+    """``remote.name`` for a method its class defines: calling it is one request."""
+
+    __slots__ = ("_remote", "_name")
+
+    def __init__(self, remote: Remote, name: str):
+        self._remote, self._name = remote, name
+
+    def __call__(self, *args, **kwargs):
+        r = self._remote
+        return r._ch.request("callattr", ref=r._ref, name=self._name, args=list(args),
+                             kwargs=dict(kwargs))
+
+    def __repr__(self) -> str:
+        return f"<your method {self._remote._type}.{self._name}>"
+
+
 def type_name(value) -> str:
     """The type name tests should show: a Remote says which student type it stands for."""
     if getattr(type(value), "_autograder_remote", False):
@@ -136,19 +168,21 @@ def type_name(value) -> str:
 class Channel:
     """Requests to the kernel over jupyter's connection, with a deadline per test cell.
 
-    ``execute(code, user_expressions, timeout)`` is supplied by the executor and returns the
-    execute reply's content, or raises ``StudentTimeout`` / ``KernelLost``.
+    ``exchange(request, timeout)`` is supplied by the executor: it sends one request (None:
+    end the serving loop) and returns the kernel's reply text, or raises
+    ``StudentTimeout`` / ``KernelLost``.
     """
 
-    def __init__(self, execute):
-        self._execute = execute
+    def __init__(self, exchange):
+        self._execute = exchange
         self.deadline = float("inf")
         self.namespace: TestNamespace | None = None
         self.calls = 0
+        self.epoch = 0   # bumped by every request that may run student code
         self._remotes: dict[int, Remote] = {}
         self._tags: dict[int, object] = {}
         self._encoder = Encoder(self._encode_other)
-        self._decoder = Decoder(self._remote, on_tag=self._tags.get)
+        self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
     # encoding ------------------------------------------------------------------------------
     def _encode_other(self, obj, depth):
@@ -164,10 +198,13 @@ class Channel:
         self._tags[tag] = obj
         return {"$o": [class_path(type(obj)), self._encoder.encode(fields, depth + 1), tag]}
 
-    def _remote(self, ref: int, type_name: str) -> Remote:
+    def _remote(self, ref: int, type_name: str, methods: frozenset = frozenset()) -> Remote:
         if ref not in self._remotes:
-            self._remotes[ref] = Remote(self, ref, type_name)
+            self._remotes[ref] = Remote(self, ref, type_name, methods)
         return self._remotes[ref]
+
+    def decode(self, text: str):
+        return self._decoder.loads(text)
 
     # requests ------------------------------------------------------------------------------
     def request(self, op: str, **fields):
@@ -176,9 +213,12 @@ class Channel:
         import json
         text = json.dumps({"op": op, **encoded}, separators=(",", ":"))
         self.calls += 1
+        if op not in ("state", "name"):
+            self.epoch += 1
         try:
             reply = self._roundtrip(text)
-            return self._answer(reply)
+            target = self._remotes.get(fields["ref"]) if op == "callattr" else None
+            return self._answer(reply, target)
         finally:
             self._tags.clear()
 
@@ -186,34 +226,45 @@ class Channel:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise StudentTimeout("the cell's time ran out while calling your code")
-        content = self._execute("", {"r": AGENT.format(text)}, remaining)
-        expr = (content.get("user_expressions") or {}).get("r") or {}
-        if content.get("status") != "ok" or expr.get("status") != "ok":
-            ename = expr.get("ename") or content.get("ename") or "Error"
-            raise StudentError(f"the kernel did not answer ({_cap(ename, 80)}); "
-                               "grading helpers were altered?")
-        raw = (expr.get("data") or {}).get("text/plain", "")
-        try:
-            text = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            text = None
-        if type(text) is not str:
+        reply = self._execute(text, remaining)
+        if type(reply) is not str:
             raise StudentError("the kernel answered with something that is not a reply")
-        return text
+        return reply
 
-    def _answer(self, text: str):
+    def end(self) -> None:
+        """Close the kernel's serving loop (after each trusted cell)."""
+        self._execute(None, 5)
+
+    def _answer(self, text: str, target: Remote | None = None):
         import json
+        if len(text) > MAX_MESSAGE_BYTES:
+            raise WireError(f"a reply over {MAX_MESSAGE_BYTES // 2**20} MB")
         try:
-            head = json.loads(text) if len(text) < 4096 else None
-        except ValueError:
-            head = None
-        if head is not None and head.get("missing") is True:
+            msg = json.loads(text)
+        except (ValueError, RecursionError):
+            raise WireError("malformed reply") from None
+        if type(msg) is not dict:
+            raise WireError("malformed reply")
+        if msg.get("missing") is True:
             raise KeyError("missing")
-        if head is not None and "error" in head:
-            raise self._student_error(head["error"])
-        if text.startswith('{"ok":') and text.endswith("}"):
-            return self._decoder.loads(text[6:-1])
-        raise WireError("malformed reply")
+        if "error" in msg:
+            raise self._student_error(msg["error"])
+        if "ok" not in msg:
+            raise WireError("malformed reply")
+        value = self._decode_node(msg["ok"])
+        if target is not None and "state" in msg:
+            state = self._decode_node(msg["state"])
+            object.__setattr__(target, "_state", state if type(state) is dict else None)
+            object.__setattr__(target, "_epoch", self.epoch)
+        return value
+
+    def _decode_node(self, node):
+        try:
+            return self._decoder.decode(node)
+        except (RecursionError, ValueError, TypeError, KeyError, IndexError) as e:
+            if isinstance(e, WireError):
+                raise
+            raise WireError(f"malformed reply ({type(e).__name__})") from None
 
     def _student_error(self, err) -> BaseException:
         try:
@@ -235,6 +286,12 @@ class Channel:
             exc = StudentError(f"{name}: {message}")
         exc.autograder_student = name  # marks the error as the student's, for feedback
         return exc
+
+
+def _rebuild_answer(path: str, fields, _tag):
+    """A course dataclass the student's code built (an EngineConfig, say), rebuilt here from
+    its fields by the real class's constructor."""
+    return rebuild(allowed_class(path), fields)
 
 
 class TestNamespace(dict):
@@ -264,6 +321,7 @@ class TestNamespace(dict):
 
     def forget_student_values(self) -> None:
         """After a student cell ran: what was fetched may have changed."""
+        self._channel.epoch += 1
         for name in self._fetched:
             self.pop(name, None)
         self._fetched.clear()

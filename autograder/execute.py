@@ -74,14 +74,17 @@ def _output_size(content: dict) -> int:
 
 @dataclass
 class Plan:
-    """Where each code cell runs. ``trusted``: test cells, run only by the trusted runner;
-    ``both``: read-only cells, run in the kernel (the student's code uses what they bind)
-    and by the runner (the tests use it). Every other code cell runs only in the kernel.
-    With ``trusted_tests`` False, test cells run in the kernel too (the old, in-kernel
-    design, kept for comparison in the tests), each behind the testkit's guard."""
+    """Where each code cell runs. ``tests``: test cells the trusted runner executes (never
+    the kernel); ``both``: read-only cells, run in the kernel (the student's code uses what
+    they bind) and by the runner (the tests use it); ``guarded``: test cells that run in the
+    kernel behind the testkit's guard (the old design: every test, with ``trusted_tests``
+    False, kept so the tests can show what it fell for; with it True, only cells whose
+    metadata asks for it, see ``autograder.worker.grading_plan``). Every other code cell
+    runs only in the kernel."""
     trusted_tests: bool = True
     tests: set[int] = field(default_factory=set)
     both: set[int] = field(default_factory=set)
+    guarded: set[int] = field(default_factory=set)
     trusted_cwd: str | None = None
 
 
@@ -99,7 +102,7 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
     kernel and ``guarded`` cells get the testkit's guard first.
     """
     if plan is None:
-        plan = Plan(trusted_tests=False, tests=set(guarded or ()))
+        plan = Plan(trusted_tests=False, guarded=set(guarded or ()))
     run = _Run(nb, km, plan, cwd=cwd, cell_timeout=cell_timeout, total_timeout=total_timeout,
                interrupt_grace=interrupt_grace, startup_timeout=startup_timeout)
     kw: dict = {} if env is None else {"env": env}
@@ -149,7 +152,8 @@ class _Run:
         self.tests = None
         if plan.trusted_tests:
             from .trusted import TrustedRunner
-            self.tests = TrustedRunner(self._kernel_request, cwd=plan.trusted_cwd or cwd)
+            self.tests = TrustedRunner(self._exchange, cwd=plan.trusted_cwd or cwd)
+        self._serving: str | None = None   # msg_id of the kernel's serving loop, if running
 
     def _on_executed(self, cell, cell_index, execute_reply):  # nbclient hook
         self.replies[cell_index] = execute_reply.get("content", {}) if execute_reply else {}
@@ -201,7 +205,7 @@ class _Run:
         client, label = self.client, _label(cell, index)
         client.timeout = timeout
         original = cell.source
-        if not self.plan.trusted_tests and index in self.plan.tests:
+        if index in self.plan.guarded:
             cell.source = GUARD + original
         try:
             client.execute_cell(cell, index)
@@ -229,23 +233,52 @@ class _Run:
                                           "was interrupted")
         return result
 
-    def _kernel_request(self, code: str, user_expressions: dict, timeout: float) -> dict:
-        """One silent execute request (the trusted runner's channel); its reply content."""
+    def _exchange(self, request: str | None, timeout: float) -> str | None:
+        """The trusted runner's channel: one request to the kernel's serving loop, and its
+        reply (None ends the loop). See autograder.channel for the protocol."""
         from jupyter_core.utils import run_sync
-        return run_sync(self._async_request)(code, user_expressions, timeout)
+        return run_sync(self._async_exchange)(request, timeout)
 
-    async def _async_request(self, code, user_expressions, timeout) -> dict:
-        from .channel import KernelLost, StudentTimeout
+    async def _async_exchange(self, request: str | None, timeout: float) -> str | None:
+        from .channel import AGENT, KernelLost, StudentTimeout
         kc, km = self.client.kc, self.client.km
-        msg_id = kc.execute(code, silent=True, store_history=False,
-                            user_expressions=user_expressions, allow_stdin=False)
-        reply = await _await_reply(kc, km, msg_id, timeout)
+        if request is None:
+            if self._serving is not None:
+                kc.input("done")
+                msg_id, self._serving = self._serving, None
+                await _await_reply(kc, km, msg_id, timeout)
+            return None
+        if self._serving is None:
+            self._serving = kc.execute(AGENT, silent=True, store_history=False,
+                                       allow_stdin=True)
+            if await self._next_prompt(timeout) is None:
+                raise KernelLost("the kernel did not start answering the tests")
+        kc.input(request)
+        reply = await self._next_prompt(timeout)
         if reply is not None:
             return reply
+        msg_id, self._serving = self._serving, None
         await ensure_async(km.interrupt_kernel())
         if await _await_reply(kc, km, msg_id, self.interrupt_grace) is None:
             raise KernelLost("it ignored the interrupt after the time ran out")
         raise StudentTimeout("your code ran out of time and was interrupted")
+
+    async def _next_prompt(self, timeout: float) -> str | None:
+        """The next input request's prompt (the kernel's reply); None when the time ran out
+        or the serving loop ended (the student's code replaced it, or it raised)."""
+        from .channel import KernelLost
+        kc, km = self.client.kc, self.client.km
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                msg = await ensure_async(kc.stdin_channel.get_msg(timeout=min(left, 1.0)))
+            except Empty:
+                if not await ensure_async(km.is_alive()):
+                    raise KernelLost("the kernel died") from None
+                continue
+            if msg["header"].get("msg_type") == "input_request":
+                return str(msg["content"].get("prompt", ""))
+        return None
 
     def integrity(self) -> None:
         if self.stop_reason:

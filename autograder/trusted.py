@@ -61,7 +61,15 @@ class TrustedRunner:
             return f"{label} (read-only) called your code, which failed: {e}"
         except Exception as e:  # noqa: BLE001 - reported, never fatal
             return f"{label} (read-only) failed in the test runner: {type(e).__name__}: {_cap(e)}"
+        finally:
+            self._end()
         return ""
+
+    def _end(self) -> None:
+        try:
+            self.channel.end()
+        except (StudentTimeout, KernelLost):
+            pass
 
     def run_test(self, cell: nbformat.NotebookNode, label: str, timeout: float):
         """Run a test cell here; its outputs replace the cell's, and a CellResult says how."""
@@ -83,6 +91,7 @@ class TrustedRunner:
             result = _failure(e)
         finally:
             self.channel.deadline = float("inf")
+            self._end()
         cell.outputs = _outputs(out.getvalue(), result)
         return result
 

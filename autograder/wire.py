@@ -15,7 +15,7 @@ array                                   list
 ``{"$b": base64}``                      bytes
 ``{"$tensor": [dtype, shape, base64]}``  torch.Tensor (CPU, raw little-endian bytes)
 ``{"$nd": [dtype, shape, base64]}``     numpy.ndarray (no object arrays)
-``{"$h": [id, type name]}``             a handle on an object that stays in the kernel
+``{"$h": [id, type name, methods]}``    a handle on an object that stays in the kernel
 ``{"$o": [class path, fields, tag]}``   a trusted-side object of an allowed package,
                                         rebuilt from its fields (tinyserve dataclasses)
 ``{"$tag": n}``                         that same object, handed back
@@ -168,7 +168,9 @@ class Decoder:
         if tag == "$nd":
             return _array_from(*body)
         if tag == "$h":
-            return self.on_handle(int(body[0]), str(body[1])[:80])
+            methods = body[2] if len(body) > 2 and type(body[2]) is list else []
+            return self.on_handle(int(body[0]), str(body[1])[:80],
+                                  frozenset(m for m in methods[:1000] if type(m) is str))
         if tag == "$o" and self.on_object is not None:
             return self.on_object(str(body[0]), self.decode(body[1], d), body[2])
         if tag == "$tag" and self.on_tag is not None:
@@ -192,9 +194,19 @@ def allowed_class(path: str) -> type:
 
 
 def rebuild(cls: type, fields: dict):
-    """An instance of ``cls`` holding ``fields``, without running any constructor."""
-    obj = object.__new__(cls)
-    for k, v in fields.items():
+    """An instance of ``cls`` holding ``fields``. A dataclass is built through its own
+    constructor (so its checks run on the values that came across); another class gets its
+    fields set without running any of its code."""
+    import dataclasses
+    if type(fields) is not dict or not all(type(k) is str for k in fields):
+        raise WireError("object fields must be a dict with str keys")
+    if dataclasses.is_dataclass(cls):
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        obj = cls(**{k: v for k, v in fields.items() if k in init})
+        rest = {k: v for k, v in fields.items() if k not in init}
+    else:
+        obj, rest = object.__new__(cls), fields
+    for k, v in rest.items():
         object.__setattr__(obj, k, v)
     return obj
 

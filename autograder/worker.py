@@ -267,10 +267,26 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
 
 def grading_plan(nb: nbformat.NotebookNode, *, trusted: bool = True,
                  trusted_cwd: str | None = None) -> Plan:
-    """Test cells to the trusted runner; read-only code cells to both sides."""
+    """Test cells to the trusted runner; read-only code cells to both sides.
+
+    A test cell whose metadata says ``"autograder": {"tests_in": "kernel"}`` runs in the
+    kernel behind the testkit's guard instead: the exception for a test that drives a
+    learner's object through the engine's inner loop (thousands of calls with live engine
+    objects), which the data-only channel cannot carry. Its verdict is only as strong as the
+    old design's, so the note lists every such cell.
+    """
     tests = {i for i, c in enumerate(nb.cells) if is_test(c)}
+    in_kernel = {i for i in tests if _asks_for_kernel(nb.cells[i])}
     both = {i for i, c in enumerate(nb.cells) if is_read_only_code(c)}
-    return Plan(trusted_tests=trusted, tests=tests, both=both, trusted_cwd=trusted_cwd)
+    if not trusted:
+        return Plan(trusted_tests=False, guarded=tests, trusted_cwd=trusted_cwd)
+    return Plan(trusted_tests=True, tests=tests - in_kernel, both=both, guarded=in_kernel,
+                trusted_cwd=trusted_cwd)
+
+
+def _asks_for_kernel(cell: nbformat.NotebookNode) -> bool:
+    meta = cell.get("metadata", {}).get("autograder")
+    return isinstance(meta, dict) and meta.get("tests_in") == "kernel"
 
 
 def is_read_only_code(cell: nbformat.NotebookNode) -> bool:
