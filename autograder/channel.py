@@ -297,6 +297,8 @@ def _rebuild_answer(path: str, fields, _tag):
 class TestNamespace(dict):
     """The test cells' globals: trusted names first, then the student's, fetched as needed."""
 
+    __test__ = False  # not a pytest test class
+
     def __init__(self, channel: Channel):
         super().__init__(__builtins__=builtins, __name__="__autograder_tests__")
         self._channel = channel

@@ -29,7 +29,8 @@ _MAX_RECORDS = 200
 
 def _set_limits(limits: dict) -> None:
     mb = 1024 * 1024
-    for res, value in (  # (scratch_mb is the tmpfs size, applied by bwrap)(resource.RLIMIT_AS, limits["memory_mb"] * mb),
+    # (scratch_mb is the tmpfs size, applied by bwrap)
+    for res, value in ((resource.RLIMIT_AS, limits["memory_mb"] * mb),
                        (resource.RLIMIT_NPROC, limits["processes"]),
                        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb),
                        (resource.RLIMIT_CPU, limits["cpu_seconds"]),

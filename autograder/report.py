@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import csv
 import html
+import re
 from pathlib import Path
 
 from .course import Course
 from .grade import load_results
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 EXPORT_COLUMNS = ["student", "assignment", "score", "max_score", "status", "reason"]
 
 
@@ -69,13 +71,19 @@ def export(course: Course, assignments: list[str], out: Path) -> int:
                 reason = "; ".join(x for x in (f"{s['pending']} answer(s) await manual "
                                                "grading", reason) if x)
             rows.append([student, assignment, _num(score), _num(max_score), r["status"],
-                         reason])
+                         clean(reason)])
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
+    with open(out, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(EXPORT_COLUMNS)
-        w.writerows(rows)
+        w.writerows([[clean(x) if isinstance(x, str) else x for x in row] for row in rows])
     return len(rows)
+
+
+def clean(text: object) -> str:
+    """Text that can be written as UTF-8: a lone surrogate (a student-controlled grade id or
+    message can hold one) becomes U+FFFD instead of failing the whole export or page."""
+    return _SURROGATE.sub("\ufffd", str(text))
 
 
 def _num(x) -> float | str:
@@ -95,7 +103,7 @@ def feedback(course: Course, assignment: str, students: list[str] | None = None)
         for nb_name, nb in r.get("notebooks", {}).items():
             page = render(student, assignment, nb_name, r, nb, scores.get(student, {}))
             path = folder / f"{nb_name}.html"
-            path.write_text(page)
+            path.write_text(clean(page), encoding="utf-8")
             written.append(path)
     return written
 
