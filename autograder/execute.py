@@ -93,13 +93,14 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
                  total_timeout: float = 600, guarded: set[int] | None = None,
                  plan: Plan | None = None, interrupt_grace: float = 5,
                  startup_timeout: float = 60, kernel_output=None,
-                 after_start=None) -> RunReport:
+                 after_start=None, before_stop=None) -> RunReport:
     """Execute ``nb`` in place (outputs are stored on its cells) and report per cell.
 
     ``km`` must be an *async* kernel manager: nbclient polls the kernel from an event loop,
     and a blocking client would hang it for good when the kernel dies. ``plan`` says which
     cells the trusted runner executes (see ``Plan``); without one, every cell runs in the
-    kernel and ``guarded`` cells get the testkit's guard first.
+    kernel and ``guarded`` cells get the testkit's guard first. ``after_start()`` runs once
+    the kernel is up, ``before_stop(report)`` after the last cell, while it still runs.
     """
     if plan is None:
         plan = Plan(trusted_tests=False, guarded=set(guarded or ()))
@@ -118,6 +119,8 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
             for index in run.code_cells:
                 run.step(index)
             run.integrity()
+            if before_stop is not None:
+                before_stop(run.report)
     except DeadKernelError:
         run.report.kernel_died = True
         run.report.events.append("the kernel died")
