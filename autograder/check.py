@@ -54,4 +54,8 @@ def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 
     passed = sum(t["max_points"] for t in auto if t["passed"])
     total = sum(t["max_points"] for t in auto)
     write(f"Visible tests: {passed:g} / {total:g} points passed.")
+    manual = sum(t["max_points"] for t in tests if t["kind"] == "manual" and t["needs_manual_grade"])
+    if manual:
+        write(f"Answers awaiting manual grading: {manual:g} point{'s' if manual != 1 else ''} "
+              "(your instructor grades them).")
     return 0 if all(t["passed"] for t in auto) else 1

@@ -131,16 +131,21 @@ def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: d
                     f"<td>{_num(points)} / {_num(t['max_points'])}</td><td>{result}</td>"
                     f"<td>{e(msg)}</td></tr>")
     notes = [n for n in r.get("reasons", []) if not n.startswith("kernel log")]
+    pending = sum(t["max_points"] for t in nb.get("tests", []) if t["kind"] == "manual"
+                  and t["needs_manual_grade"] and not cells.get(t["grade_id"], {}).get("manual"))
+    provisional = (f" (provisional: answers awaiting manual grading: {_num(pending):g} "
+                   f"point{'s' if pending != 1 else ''})" if pending else "")
+    title = assignment if nb_name == assignment else f"{assignment} / {nb_name}"
     status = {"graded": "Graded", "flagged": "Held for review by your instructor",
               "failed": "Could not be graded"}[r["status"]]
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{e(assignment)}: {e(student)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{e(title)}: {e(student)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
 td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}}
 .pass td:nth-child(4){{color:#080}} .fail td:nth-child(4){{color:#b00}}</style></head><body>
-<h1>{e(assignment)} / {e(nb_name)}</h1>
+<h1>{e(title)}</h1>
 <p>Student: <b>{e(student)}</b>. Status: <b>{e(status)}</b>.
-Score: <b>{_num(total)} / {_num(max_total)}</b>.</p>
+Score: <b>{_num(total)} / {_num(max_total)}</b>{e(provisional)}.</p>
 {"<p>Notes: " + e("; ".join(notes)) + "</p>" if notes else ""}
 <table><tr><th>Test</th><th>Kind</th><th>Points</th><th>Result</th><th>Message</th></tr>
 {chr(10).join(rows)}

@@ -190,14 +190,24 @@ def _as_number(name: str, got: object) -> float:
     return value
 
 
+def _fmt(x: float, unit: str = "") -> str:
+    """One number format for every message: whole numbers with thousands separators
+    (536,870,912), others to 6 significant digits, then the unit if one was given."""
+    if _isfinite(x) and x == int(x) and -1e18 < x < 1e18:
+        text = f"{int(x):,}"
+    else:
+        text = f"{x:,.6g}"
+    return f"{text} {unit}" if unit else text
+
+
 def check_close(got: object, expected: float, *, name: str, rel: float = 1e-6,
                 abs: float = 0.0, hint: str | None = None,
-                mistakes: dict[float, str] | None = None) -> None:
+                mistakes: dict[float, str] | None = None, unit: str = "") -> None:
     """Check a numeric answer within a relative/absolute tolerance.
 
     ``mistakes`` maps the value a known wrong method produces to a message naming that
     mistake (e.g. query heads used instead of KV heads); a match is reported instead of the
-    generic message.
+    generic message. ``unit`` ("bytes", "s") is printed after every number.
     """
     _begin()
     value = _as_number(name, got)
@@ -205,9 +215,10 @@ def check_close(got: object, expected: float, *, name: str, rel: float = 1e-6,
         return
     for wrong, why in (mistakes or {}).items():
         if _isclose(value, wrong, rel_tol=max(rel, 1e-9), abs_tol=abs):
-            _fail(name, f"got {value:,.6g}: {why}")
+            _fail(name, f"got {_fmt(value, unit)}: {why}")
     extra = f" Hint: {hint}" if hint else ""
-    _fail(name, f"expected {expected:,.6g} (tolerance rel={rel:g}, abs={abs:g}), got {value:,.6g}.{extra}")
+    _fail(name, f"expected {_fmt(expected, unit)} (tolerance rel={rel:g}, abs={abs:g}), "
+                f"got {_fmt(value, unit)}.{extra}")
 
 
 def check_equal(got: object, expected: object, *, name: str, hint: str | None = None) -> None:

@@ -214,3 +214,46 @@ def test_the_kernel_gets_its_memory_limit(tmp_path):
 def test_output_metadata_counts_against_the_cap():
     small = {"data": {"text/plain": "x"}, "metadata": {"m": "y" * 10**6}}
     assert _output_size(small) > 10**6
+
+
+# ------------------------------------------------------------------ messages (issue 17, item 7)
+
+def test_numbers_print_one_way_with_separators_and_units():
+    from autograder.testkit import check_close
+    with pytest.raises(AssertionError) as info:
+        check_close(536_870_912, 1_073_741_824, name="kv", unit="bytes")
+    text = str(info.value)
+    assert "expected 1,073,741,824 bytes" in text and "got 536,870,912 bytes" in text
+    assert "e+" not in text
+    with pytest.raises(AssertionError) as info:
+        check_close(0.0215, 0.021, name="itl", abs=1e-6, unit="s")
+    assert "expected 0.021 s" in str(info.value) and "got 0.0215 s" in str(info.value)
+
+
+def test_feedback_names_pending_manual_points_and_its_title_once():
+    from autograder.report import render
+    nb = {"tests": [
+        {"grade_id": "test_a", "kind": "test", "max_points": 2, "points": 2, "passed": True,
+         "needs_manual_grade": False, "message": "passed"},
+        {"grade_id": "written", "kind": "manual", "max_points": 3, "points": 0,
+         "passed": False, "needs_manual_grade": True, "message": "awaiting manual grading"}]}
+    r = {"status": "graded", "reasons": []}
+    page = render("ann", "mini", "mini", r, nb, {})
+    assert "answers awaiting manual grading: 3 points" in page
+    assert "mini / mini" not in page and "<h1>mini</h1>" in page
+    assert "awaiting" not in render("ann", "mini", "mini", r, {"tests": nb["tests"][:1]}, {})
+
+
+def test_an_unanswered_name_reads_not_answered_yet():
+    from autograder.execute import CellResult
+    from autograder.trusted import _failure
+    from autograder.worker import failure_message
+    try:
+        exec("WORKED_EXAMPLE_BYTES + 1", {})
+    except NameError as e:
+        assert failure_message(_failure(e)).startswith("not answered yet")
+    student = ValueError("boom")
+    student.autograder_student = "AssertionError"
+    assert failure_message(_failure(student)) == "your code raised AssertionError: boom"
+    assert failure_message(CellResult("error", "AssertionError", "[t] expected 4")) \
+        == "[t] expected 4"
