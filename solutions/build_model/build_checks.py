@@ -239,3 +239,36 @@ def attention_variants(q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor):
          "scaled by head_dim: divide the scores by sqrt(head_dim)"),
         (sdpa(q, ki, vi, attn_mask=mask, scale=1.0),
          "the scores are not scaled: divide by sqrt(head_dim)"))
+
+
+class ReferenceCache:
+    """tinyserve's contiguous KV cache behind build_kv_cache's interface, so a test of the
+    forward pass or the loops is not at the mercy of the learner's own cache class: ``write``
+    stores one layer's keys and values (n_kv_heads, T, head_dim) at ``positions`` (T,) and
+    returns every key and value of slots 0 .. the last one written; ``length`` is the number
+    of slots in use."""
+
+    def __init__(self, cfg: dict, max_seq: int, device: torch.device | str) -> None:
+        from tinyserve.config import ModelConfig
+        from tinyserve.kv_cache import KVCache
+        names = ModelConfig.__dataclass_fields__
+        config = ModelConfig(**{k: v for k, v in cfg.items() if k in names})
+        self._cache = KVCache(config, 1, max_seq, device=device)
+
+    @property
+    def length(self) -> int:
+        return self._cache.lengths[0]
+
+    def write(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        keys, values, _ = self._cache.update(layer, k[None], v[None], positions[None])
+        return keys[0], values[0]
+
+    def prefill_with(self, model: torch.nn.Module, prompt: list[int]) -> None:
+        """Fill positions 0..T-1 with tinyserve's model (the ``model`` of ``weights``)."""
+        ids = torch.tensor([prompt], device=self._cache.k.device)
+        with torch.no_grad():
+            model(ids, torch.arange(len(prompt), device=ids.device)[None], self._cache)
+
+    def keys(self, layer: int) -> Tensor:
+        """(n_kv_heads, length, head_dim) keys of ``layer`` (for the tests' comparisons)."""
+        return self._cache.k[layer, 0, :, :self.length]
