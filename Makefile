@@ -24,7 +24,7 @@ PYTEST_ARGS  ?=
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab test e2e venv system-deps train bench release clean help \
-        collect autograde feedback export grade-bench check
+        collect autograde feedback export grade-bench check gpu-wheels gpu-check
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
@@ -126,3 +126,30 @@ check: $(VENV)/.stamp-base
 
 grade-bench: $(VENV)/.stamp-base system-deps
 	$(AG) bench --json artifacts/grading_bench.json
+
+
+# ---- GPU check (a borrowed, offline GPU machine; bench/gpu_check.py says what it runs) ----
+# make gpu-wheels   here, with a registry: the wheels that machine lacks (notebooks, server)
+#                   into .whl/, for CPython 3.12 on x86-64 Linux, pinned in bench/gpu_wheels.txt
+# make gpu-check    there: its own python3 (torch with CUDA), no venv; report in
+#                   bench/results/gpu/ (and $OUT when set). GPU_CHECK_ARGS="--device cpu" tries
+#                   the same steps on a CPU.
+GPU_PYTHON     ?= python3
+GPU_SITE       ?= /tmp/site
+GPU_CHECK_ARGS ?=
+GPU_PLATFORMS  := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+                    manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+
+gpu-wheels:
+	@mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --abi cp312 --abi abi3 --abi none $(GPU_PLATFORMS) -d .whl \
+	  -r bench/gpu_wheels.txt
+	@du -sh .whl
+
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) \
+	    --upgrade .whl/*.whl; \
+	else echo "note: no .whl/ (make gpu-wheels on a machine with a registry); notebooks and the server may not run"; fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_ARGS)

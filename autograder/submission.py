@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import nbformat
 from nbformat import NotebookNode
 
 MAX_NOTEBOOK_MB = 20
+CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 class Unreadable(Exception):
@@ -78,6 +80,7 @@ def load(path: Path) -> tuple[NotebookNode, list[str]]:
         notes.append(f"notebook schema version {version[0]}.{version[1]} is not 4.x; "
                      "read as 4.5")
     cells = []
+    repaired_ids = 0
     for i, raw_cell in enumerate(data["cells"]):
         if not isinstance(raw_cell, dict) or raw_cell.get("cell_type") not in (
                 "code", "markdown", "raw"):
@@ -96,9 +99,18 @@ def load(path: Path) -> tuple[NotebookNode, list[str]]:
         else:
             cell = nbformat.v4.new_raw_cell(source)
         cell.metadata = nbformat.from_dict(_plain(meta))
-        if isinstance(raw_cell.get("id"), str):
-            cell.id = raw_cell["id"][:64] or cell.id
+        cell_id = raw_cell.get("id")
+        if isinstance(cell_id, str) and CELL_ID.match(cell_id):
+            cell.id = cell_id
+        elif cell_id is not None:
+            # nbformat allows letters, digits, - and _ (1-64 of them); any other id (a path,
+            # a space, a lone surrogate) would fail validation when the graded copy is
+            # written, so the cell gets a fresh id, and grading goes on.
+            repaired_ids += 1
         cells.append(cell)
+    if repaired_ids:
+        notes.append(f"replaced {repaired_ids} cell id(s) that nbformat does not allow "
+                     "(letters, digits, - and _ only)")
     nb = nbformat.v4.new_notebook(cells=cells)
     return nb, notes
 

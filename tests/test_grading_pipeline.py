@@ -222,9 +222,11 @@ def test_grading_bench_writes_its_report(tmp_path):
     proc = cli("bench", "--json", str(out), "--submissions", "2", root=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(out.read_text())
-    assert set(data["ratios"]) == {"parallel_grading_speedup"}
-    assert data["ratios"]["parallel_grading_speedup"] > 0  # a ratio, never a timing bound
-    assert {"serial", "parallel"} <= set(data["timings"]) and data["submissions"] == 2
+    assert set(data["ratios"]) == {"parallel_grading_speedup",
+                                   "trusted_over_in_kernel_per_submission"}
+    assert all(v > 0 for v in data["ratios"].values())  # ratios, never a timing bound
+    assert {"serial", "parallel", "serial_tests_in_kernel"} <= set(data["timings"])
+    assert data["submissions"] == 2
     assert data["machine"]["cpu_count"] and data["git_commit"]
 
 

@@ -263,6 +263,12 @@ class ReferenceCache:
         keys, values, _ = self._cache.update(layer, k[None], v[None], positions[None])
         return keys[0], values[0]
 
+    def prefill_with(self, model: torch.nn.Module, prompt: list[int]) -> None:
+        """Fill positions 0..T-1 with tinyserve's model (the ``model`` of ``weights``)."""
+        ids = torch.tensor([prompt], device=self._cache.k.device)
+        with torch.no_grad():
+            model(ids, torch.arange(len(prompt), device=ids.device)[None], self._cache)
+
     def keys(self, layer: int) -> Tensor:
         """(n_kv_heads, length, head_dim) keys of ``layer`` (for the tests' comparisons)."""
         return self._cache.k[layer, 0, :, :self.length]
