@@ -48,7 +48,8 @@ Serving (chapter 9)
 Around it
     workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (the KV calculator
                     widget), ``predict`` (commit a guess, then measure), ``plots``,
-                    ``model_card``, ``study_time`` (estimated working time per notebook)
+                    ``model_card``, ``study_time`` (estimated working time per notebook),
+                    ``roofline_lab`` (guess where decode turns compute-bound)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints
