@@ -46,8 +46,10 @@ Serving (chapter 9)
                     ``cli`` (``python -m tinyserve loadgen``), ``plot``
 
 Around it
-    workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (predict-first
-                    widget), ``plots``, ``model_card``
+    workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (the KV calculator
+                    widget), ``predict`` (commit a guess, then measure), ``plots``,
+                    ``model_card``, ``study_time`` (estimated working time per notebook),
+                    ``roofline_lab`` (guess where decode turns compute-bound)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints
