@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-# The notebook helpers live in exercise_checks (test_speculative_decoding still imports them
+# The notebook helpers live in exercise_checks (test_speculative_decoding_exercise still imports them
 # from here under these names).
 from exercise_checks import MARKERS
 from exercise_checks import errors as _errors, execute as _execute
