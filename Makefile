@@ -23,11 +23,12 @@ PYTEST_ARGS  ?=
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test e2e venv system-deps train bench release clean help \
-        collect autograde feedback export grade-bench check
+.PHONY: lab lab-instructor lab-plugin test e2e venv system-deps train bench release clean help \
+        collect autograde feedback export grade-bench check gpu-wheels gpu-check
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
+	@echo "make lab-instructor   the same with nbgrader's instructor tools (formgrader, ...)"
 	@echo "make test    run the whole test suite (browser tests included)"
 	@echo "make e2e     run only the browser tests (JupyterLab in headless Chromium)"
 	@echo "make train   retrain the shipped models (target and draft)"
@@ -66,12 +67,46 @@ system-deps:
 # Opens on the course's landing page. No news pop-up and no update checks: the server never
 # fetches them, and .jupyter/lab/settings/overrides.json sets the defaults to "never ask".
 # Runs from LAB_ROOT so nbgrader's Validate button and formgrader read its nbgrader_config.py.
+# ROLE picks what the Lab shows, by Jupyter's own config (.jupyter/roles/ROLE: the server
+# extensions enabled and the page_config's disabled Lab plugins):
+#   learner     (make lab) no Nbgrader menu, formgrader or Create Assignment; Validate only on
+#               assignment notebooks (.jupyter/labextensions: a 40-line plugin)
+#   instructor  (make lab-instructor) everything nbgrader has
+#   student     what the hub gives a student: learner plus the Assignments tab (exchange)
+# The server's log goes to LAB_LOG; the last line printed is the address to open.
+ROLE         ?= learner
+LAB_LOG      ?= $(CURDIR)/artifacts/lab-$(ROLE).log
+LAB_FLAGS     = --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
+  $(ROOT_FLAG) --ServerApp.root_dir="$(LAB_ROOT)" --IdentityProvider.token='' \
+  --LabApp.default_url="/lab/tree/$(LAB_START)" \
+  --LabApp.app_settings_dir="$(CURDIR)/.jupyter/lab/settings" \
+  --LabApp.extra_labextensions_path="$(CURDIR)/.jupyter/labextensions" \
+  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+
 lab: $(VENV)/.stamp-base
-	cd "$(LAB_ROOT)" && "$(abspath $(VENV))/bin/jupyter" lab --no-browser --ip=$(LAB_IP) \
-	  --port=$(LAB_PORT) $(ROOT_FLAG) --ServerApp.root_dir="$(LAB_ROOT)" \
-	  --IdentityProvider.token='' --LabApp.default_url="/lab/tree/$(LAB_START)" \
-	  --LabApp.app_settings_dir="$(CURDIR)/.jupyter/lab/settings" \
-	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+	@test -d ".jupyter/roles/$(ROLE)" || { echo "ROLE=$(ROLE): no such role; use learner, instructor or student"; exit 2; }
+	@mkdir -p "$(dir $(LAB_LOG))"
+	@echo "Starting JupyterLab ($(ROLE)) on $(LAB_IP):$(LAB_PORT); server log: $(LAB_LOG)"
+	@cd "$(LAB_ROOT)" && JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter/roles/$(ROLE)" \
+	  "$(abspath $(VENV))/bin/jupyter" lab $(LAB_FLAGS) > "$(LAB_LOG)" 2>&1 & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	until (exec 3<>/dev/tcp/$(LAB_IP)/$(LAB_PORT)) 2>/dev/null; do \
+	  kill -0 $$pid 2>/dev/null || { tail -n 20 "$(LAB_LOG)"; echo "JupyterLab did not start (log above: $(LAB_LOG))"; exit 1; }; \
+	  sleep 0.3; \
+	done; \
+	echo "Stop it with Ctrl-C. Open the course at:"; \
+	echo "http://$(LAB_IP):$(LAB_PORT)/lab/tree/$(LAB_START)"; \
+	wait $$pid
+
+lab-instructor:
+	@$(MAKE) --no-print-directory lab ROLE=instructor
+
+# Rebuild the course's Lab plugin (.jupyter/labextensions, committed) after editing its source
+# in .jupyter/labextension-src; needs npm (JupyterLab's own builder, pinned there).
+lab-plugin: $(VENV)/.stamp-base
+	cd .jupyter/labextension-src && npm ci --no-audit --no-fund --loglevel=error && \
+	  node node_modules/@jupyterlab/builder/lib/build-labextension.js --core-path \
+	  "$$("$(abspath $(PY))" -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" .
 
 test: $(VENV)/.stamp-test system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -126,3 +161,30 @@ check: $(VENV)/.stamp-base
 
 grade-bench: $(VENV)/.stamp-base system-deps
 	$(AG) bench --json artifacts/grading_bench.json
+
+
+# ---- GPU check (a borrowed, offline GPU machine; bench/gpu_check.py says what it runs) ----
+# make gpu-wheels   here, with a registry: the wheels that machine lacks (notebooks, server)
+#                   into .whl/, for CPython 3.12 on x86-64 Linux, pinned in bench/gpu_wheels.txt
+# make gpu-check    there: its own python3 (torch with CUDA), no venv; report in
+#                   bench/results/gpu/ (and $OUT when set). GPU_CHECK_ARGS="--device cpu" tries
+#                   the same steps on a CPU.
+GPU_PYTHON     ?= python3
+GPU_SITE       ?= /tmp/site
+GPU_CHECK_ARGS ?=
+GPU_PLATFORMS  := $(foreach p,manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+                    manylinux2014_x86_64 manylinux1_x86_64,--platform $(p))
+
+gpu-wheels:
+	@mkdir -p .whl
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --abi cp312 --abi abi3 --abi none $(GPU_PLATFORMS) -d .whl \
+	  -r bench/gpu_wheels.txt
+	@du -sh .whl
+
+gpu-check:
+	@if ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) \
+	    --upgrade .whl/*.whl; \
+	else echo "note: no .whl/ (make gpu-wheels on a machine with a registry); notebooks and the server may not run"; fi
+	PYTHONPATH=$(CURDIR):$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_ARGS)

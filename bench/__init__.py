@@ -16,6 +16,7 @@ SUITES = {
     "prefix": "TTFT with and without a prefix-cache hit on a shared system prompt",
     "chunked": "p99 ITL with and without chunked prefill (real model); size-aware vs FCFS p99 TTFT (simulator)",
     "kv": "cached vs uncached decode: per-token cost by position, speed-up at 256 and 512",
+    "decode": "decode step vs its roofline: eager and compiled, batch 1 to 64, bandwidth and FLOP bounds",
     "hf": "our cached greedy loop vs transformers generate() (batch 1 and 8), decode roofline",
     "quant": "int8 weights / KV cache and bf16 vs fp32: memory, decode speed, quality",
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
@@ -24,8 +25,18 @@ SUITES = {
 }
 
 
-def run_suite(name: str, json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+#: Suites whose ``run`` takes ``compile`` (our side timed with the compiled decode step).
+COMPILABLE = ("hf",)
+
+
+def run_suite(name: str, json_path: str | None = None, quick: bool = False,
+              compile: bool = False) -> dict[str, Any]:
     if name not in SUITES:
         raise ValueError(f"unknown bench suite {name!r}; choose one of: {', '.join(SUITES)}")
     module = importlib.import_module(f"bench.{name}")
+    if compile:
+        if name not in COMPILABLE:
+            raise ValueError(f"bench {name} has no --compile variant; it exists for: "
+                             f"{', '.join(COMPILABLE)} (bench decode always times both)")
+        return module.run(json_path=json_path, quick=quick, compile=True)
     return module.run(json_path=json_path, quick=quick)

@@ -1,12 +1,12 @@
 """What every suite shares: a median timer that is honest on CUDA, the machine and commit
-stamp, the JSON report and a plain-text table."""
+stamp, the JSON report (the plain-text table is ``tinyserve.tables.table``)."""
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch
 from tinyserve.config import ModelConfig
 from tinyserve.model import TinyLlama
 from tinyserve.provenance import git_commit, machine_info
+from tinyserve.tables import table  # noqa: F401  (the suites print with it; it lives in tinyserve)
 
 #: ``--quick`` runs every suite on this tiny random model: seconds, and figures that mean nothing.
 QUICK_CONFIG = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
@@ -82,12 +83,3 @@ def write_json(data: dict[str, Any], path: str | None) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {path}")
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A fixed-width text table; floats with 3 significant decimals."""
-    cells = [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h)
-              for i, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])

@@ -15,6 +15,7 @@ EXPECTED_RATIOS = {
     "prefix": {"prefix_ttft_speedup"},
     "chunked": {"chunked_p99_itl_improvement", "size_aware_p99_ttft_improvement"},
     "kv": {"cache_speedup_256", "cache_speedup_512"},
+    "decode": {"decode_mbu_b1_eager", "decode_mbu_b1_compiled", "compiled_vs_eager_b1", "compile_s"},
     "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction"},
     "quant": {"int8_weight_memory_ratio", "int8_kv_memory_ratio", "int8_val_loss_delta",
               "int8_kv_val_loss_delta", "int8_decode_speedup", "int8_kv_decode_speedup_long",
@@ -40,7 +41,7 @@ def _check_report(data: dict, suite: str) -> None:
     assert data["date"][:2] == "20"
 
 
-@pytest.mark.parametrize("suite", ["batching", "paged", "prefix", "chunked", "kv", "hf", "quant",
+@pytest.mark.parametrize("suite", ["batching", "paged", "prefix", "chunked", "kv", "decode", "hf", "quant",
                                    "parallel", "spec", "serve"])
 def test_suite_writes_its_report(suite: str, tmp_path: Path,
                                  capsys: pytest.CaptureFixture[str]) -> None:
@@ -69,6 +70,10 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         steps = data["measurements"]["step_cost"]
         assert [s["position"] for s in steps] == sorted(s["position"] for s in steps)
         assert data["measurements"]["generation"]["512"]["generated"] == 63  # fills the window
+    elif suite == "decode":   # both paths ran at every batch, with their bounds
+        m = data["measurements"]
+        assert m["tokens_equal"] is True and [r["batch"] for r in m["sweep"]] == [1, 2]
+        assert all(r["memory_bound_ms"] > 0 and r["compute_bound_ms"] > 0 for r in m["sweep"])
     elif suite == "hf":
         roof = data["measurements"]["roofline"]
         assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
@@ -85,7 +90,7 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         assert v["int8 weights"]["weight_bytes"] < v["bf16"]["weight_bytes"] < v["fp32"]["weight_bytes"]
         assert v["int8 KV"]["kv_bytes_full_window"] < v["fp32"]["kv_bytes_full_window"]
     elif suite == "serve":  # the load generator's figures at the knee, and its plot
-        assert {"ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p99", "e2el_ms_p99",
+        assert {"p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_itl_ms", "p99_e2el_ms",
                 "request_throughput", "output_throughput", "goodput"} <= set(data["metrics"])
         assert out.with_suffix(".png").stat().st_size > 0
 

@@ -1,10 +1,16 @@
-"""Set-up files agree with each other: pyproject, environment.yml, Makefile, CI entry."""
+"""Set-up files agree with each other (pyproject, environment.yml, Makefile, CI entry), and
+the package installs from a wheel and runs outside the checkout."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,3 +66,65 @@ def test_ci_entry_calls_the_readme_test_command() -> None:
     assert "make test" in ci
     assert "make test" in readme and "make lab" in readme
     assert readme.index("make lab") < 1500, "the README should open with the two commands"
+
+
+#: What a wheel is built from: the project file and the packages it lists (no tests, no course).
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "tinyserve", "autograder", "bench")
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_outside_the_checkout_and_runs(tmp_path: Path) -> None:
+    """Built into a wheel and installed in a fresh venv away from the checkout, the package
+    finds its weights, tokenizer and Harbor tickets (package data) and its CLI runs. Offline:
+    no build isolation, no index; the dependencies come from this venv's site-packages, added
+    after the new venv's own (so the installed copy, not the checkout, is what gets imported)."""
+    src = tmp_path / "src"   # a copy, so building leaves no build/ or egg-info in the checkout
+    src.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(ROOT / name, src / name)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w",
+          str(tmp_path / "dist"), str(src)], tmp_path)
+    wheels = list((tmp_path / "dist").glob("tinyserve-*.whl"))
+    assert len(wheels) == 1, f"expected one wheel, built {wheels}"
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
+    python = venv / "bin" / "python"
+    _run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheels[0])],
+         tmp_path)
+    site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                tmp_path).strip()
+    ours = next(p for p in map(Path, sys.path) if p.name == "site-packages" and p.is_dir())
+    (Path(site) / "course_deps.pth").write_text(f"{ours}\n")
+
+    where = _run([str(python), "-c", "import tinyserve, tinyserve.provenance as p; "
+                  "print(tinyserve.__file__); print(p.git_commit())"], tmp_path).split()
+    assert Path(where[0]).is_relative_to(venv), f"imported {where[0]}, not the installed wheel"
+    assert where[1] == "None", "an installed package reports no git commit"
+    out = _run([str(venv / "bin" / "tinyserve"), "generate", "--prompt", "<|ticket|>Subject: Login",
+                "--max-tokens", "4"], tmp_path, stderr=True)
+    assert "TTFT" in out, out
+    assert "--rate" in _run([str(python), "-m", "tinyserve", "loadgen", "--help"], tmp_path)
+    tickets = _run([str(python), "-c", "from tinyserve.loadgen.prompts import harbor_prompts; "
+                    "print(len(harbor_prompts(5)))"], tmp_path)
+    assert tickets.strip() == "5"
+
+
+def _run(cmd: list[str], cwd: Path, stderr: bool = False) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout + (proc.stderr if stderr else "")
+
+
+def test_package_copy_of_the_harbor_tickets_matches_the_project_file() -> None:
+    from tinyserve.paths import HARBOR_TICKETS
+    assert HARBOR_TICKETS.read_bytes() == (ROOT / "harbor_project/fixtures/tickets.jsonl").read_bytes(), (
+        "the load generator's Harbor tickets drifted from harbor_project/fixtures/tickets.jsonl: "
+        "run `python harbor_project/tools/make_tickets.py`")

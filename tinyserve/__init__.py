@@ -1,4 +1,59 @@
-"""tinyserve: a tiny Llama and the small serving engine a course builds around it."""
+"""tinyserve: a tiny Llama and the small serving engine a course builds around it.
+
+Module map. The core is flat: the modules the chapters import, by chapter. The periphery
+(serving, load generation, parallelism, course helpers) lives in subpackages.
+
+The model (chapters 0-1)
+    config          ``ModelConfig`` and the presets, with Hugging Face ``LlamaConfig`` names
+    model           the tiny Llama: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention
+    tokenizer       the byte-level BPE tokenizer (4,096 tokens)
+    checkpoint      the shipped weights (safetensors), the sha256 manifest
+    device          CPU by default, CUDA when present, ``TINYSERVE_DEVICE`` to override
+    corpus, harbor_world, train   the synthetic Harbor tickets and the training run
+    hf_export       the shipped model as a Hugging Face Llama folder
+
+One request (chapters 0-2)
+    sampling        greedy, temperature, top-k, top-p, seeded
+    generate        the recompute loop and the cached loop with a clock (prefill, decode)
+    kv_cache        the contiguous KV cache
+    compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
+    roofline        what a decode step must read and compute vs what the machine can do
+    metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
+
+Many requests (chapters 3-5)
+    sequence        one request inside the engine: tokens, KV progress, trace
+    block_manager   KV blocks as a pool: allocate on demand, reference counts, prefix caching
+    paged           paged KV storage and attention through block tables
+    scheduler       the iteration-level scheduler: who runs next step, how many tokens
+    policies        queue policies: FCFS, shortest-prompt-first, size-aware
+    engine          the continuous-batching engine: schedule, execute, post-process
+    workload        arrival processes and request-length distributions
+    simulator       the engine on a virtual clock with a calibrated cost model
+
+Cheaper tokens (chapters 6-8)
+    quant           int8 weight-only quantization and the int8 KV cache
+    parallel/       tensor (``tensor``) and pipeline (``pipeline``) parallelism, ``launch``
+                    for the ranks, ``timing`` for the chapter's and ``bench parallel``'s runs
+    speculative     draft-model and n-gram speculative decoding, rejection sampling
+
+Serving (chapter 9)
+    serving/        ``server`` (the OpenAI-compatible app), ``async_engine`` (the step loop
+                    behind it), ``api_schema`` (request bodies, chat template),
+                    ``server_metrics`` (Prometheus), ``options`` (the server's knobs
+                    and defaults), ``routing`` (replicas), ``local_servers`` (our server
+                    on a free port)
+    loadgen/        ``generator`` (arrivals, streamed requests, summaries), ``prompts``,
+                    ``cli`` (``python -m tinyserve loadgen``), ``plot``
+
+Around it
+    workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (the KV calculator
+                    widget), ``predict`` (commit a guess, then measure), ``plots``,
+                    ``model_card``, ``study_time`` (estimated working time per notebook)
+    paths           ``ASSETS``: where the shipped files are, in a checkout or installed
+    provenance      the machine and commit recorded with every benchmark report
+    tables          the plain-text table every report prints
+    __main__        ``python -m tinyserve COMMAND``
+"""
 from .checkpoint import load_model
 from .config import PRESETS, ModelConfig
 from .device import default_device, default_dtype

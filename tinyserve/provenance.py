@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from .paths import CHECKOUT
+
 
 
 def machine_info() -> dict[str, Any]:
@@ -31,9 +32,11 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
-def git_commit(cwd: Path = REPO) -> str | None:
+def git_commit(cwd: Path | None = CHECKOUT) -> str | None:
     """HEAD of the repository, with ``-dirty`` when tracked files differ from it; None outside
-    a git checkout."""
+    a git checkout (an installed package has none: never report an enclosing repository's)."""
+    if cwd is None:
+        return None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()

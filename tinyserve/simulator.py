@@ -27,12 +27,13 @@ from tqdm.auto import tqdm
 from .block_manager import BlockManager
 from .engine import Engine, EngineConfig, StepRecord
 from .metrics import RequestTrace
+from .paths import ASSETS
 from .scheduler import ScheduledBatch
 from .sequence import Sequence as Seq
 from .sequence import SeqStatus
 from .workload import RequestSpec, prompt_ids
 
-COST_MODEL_PATH = Path(__file__).parent / "assets" / "cost_model.json"
+COST_MODEL_PATH = ASSETS / "cost_model.json"
 FILLER_TOKEN = 6   # what a simulated step "generates"; never a stop token
 
 

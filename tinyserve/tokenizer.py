@@ -27,6 +27,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from .paths import ASSETS
+
 __all__ = [
     "VOCAB_SIZE",
     "SPECIAL_TOKENS",
@@ -41,7 +43,7 @@ VOCAB_SIZE = 4096
 #: Special tokens, in id order (ids 0..5): pad, bos, then the four document markers.
 SPECIAL_TOKENS: tuple[str, ...] = ("<|pad|>", "<|bos|>", "<|ticket|>", "<|triage|>", "<|reply|>", "<|end|>")
 #: Where the shipped tokenizer lives (committed with the package).
-TOKENIZER_PATH = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
+TOKENIZER_PATH = ASSETS / "tokenizer.json"
 
 _REBUILD_HINT = "python -m tinyserve.tokenizer"
 

@@ -22,6 +22,8 @@ from pathlib import Path
 SEED = 20261004
 N_TICKETS = 200
 OUT = Path(__file__).resolve().parents[1] / "fixtures" / "tickets.jsonl"
+# The load generator replays the same tickets from tinyserve's package data (tinyserve.paths).
+PACKAGE_COPY = Path(__file__).resolve().parents[2] / "tinyserve" / "assets" / "harbor" / "tickets.jsonl"
 
 WORKSPACES = ["ws-lantern", "ws-pier", "ws-tidewater", "ws-gull", "ws-breakwater", "ws-ferry"]
 
@@ -100,11 +102,12 @@ def main() -> int:
     args = parser.parse_args()
     text = render(make_tickets(random.Random(SEED)))
     if args.check:
-        same = OUT.exists() and OUT.read_text() == text
+        same = all(p.exists() and p.read_text() == text for p in (OUT, PACKAGE_COPY))
         print("tickets.jsonl is up to date" if same else "tickets.jsonl differs from the generator")
         return 0 if same else 1
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({N_TICKETS} tickets, seed {SEED})")
+    for path in (OUT, PACKAGE_COPY):
+        path.write_text(text)
+        print(f"wrote {path} ({N_TICKETS} tickets, seed {SEED})")
     return 0
 
 

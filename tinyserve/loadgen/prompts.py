@@ -5,7 +5,8 @@ ends with ``<|reply|>``: the model answers with a natural reply and stops at ``<
 A prompt of a given length is the tail of "earlier tickets in the same thread, then this
 ticket": longer prompts quote more history, shorter ones keep only the end of the ticket.
 
-**Harbor-shaped** traffic replays ``harbor_project/fixtures/tickets.jsonl`` (200 tickets,
+**Harbor-shaped** traffic replays Harbor's tickets (``paths.HARBOR_TICKETS``, package data
+identical to ``harbor_project/fixtures/tickets.jsonl``; 200 tickets,
 sized for a 16,384-token context) on our 512-token model: prompt lengths are scaled by
 ``window / 16384``, so the ratio of each prompt to the context is Harbor's (most tickets are
 short, a few fill the window, and HT-0078 does not fit at all and gets a 400, as it would
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..paths import HARBOR_TICKETS
 from ..workload import Lengths
 
-HARBOR_TICKETS = Path(__file__).resolve().parents[2] / "harbor_project" / "fixtures" / "tickets.jsonl"
 HARBOR_CONTEXT = 16_384
 
 

@@ -69,7 +69,7 @@ def server_processes(n: int = 1, args: Sequence[str] = (), threads: int = 1,
 @contextmanager
 def local_server(model_name: str = "target", **app_kwargs: Any) -> Iterator[tuple[str, Any]]:
     """Our server in a thread of this process on a free loopback port: yields ``(url, app)``
-    (``app.state.tinyserve["engine"]`` is the live engine) and shuts it down at the end.
+    (``app.state.server.engine`` is the live engine) and shuts it down at the end.
     Handy in a notebook or a test; for measurements prefer :func:`server_processes`, where
     the client does not share the interpreter with the engine."""
     import threading

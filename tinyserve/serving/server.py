@@ -6,8 +6,10 @@
   events with ``"stream": true`` (one chunk per generated token, then ``data: [DONE]``);
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
 
-The path of one request: the handler validates the body and tokenizes the prompt, checks
-prompt + ``max_tokens`` against the context window (400 naming both), and submits it to the
+The path of one request: the handler validates the body (a parameter it cannot honour gets a
+400 naming it), turns chat messages into a prompt with the chat template and tokenizes it,
+checks prompt + ``max_tokens`` (or chat's ``max_completion_tokens``) against the context
+window (400 naming both), and submits it to the
 :class:`~tinyserve.serving.async_engine.AsyncEngine`. It then waits for the *first* token before
 answering, so a request refused after queueing (queue full, deadline passed: 429 with
 ``Retry-After``) still gets a proper status code instead of a stream that breaks. Tokens are
@@ -22,6 +24,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +38,8 @@ from ..generate import PromptError
 from ..metrics import RequestTrace
 from ..model import TinyLlama
 from ..sampling import SamplingParams
+from .api_schema import context_window_message
+from .options import ServeOptions
 from .server_metrics import ServerMetrics
 from ..tokenizer import TinyTokenizer
 
@@ -92,46 +97,107 @@ class _TextStream:
         return piece
 
 
-def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
-               tokenizer: TinyTokenizer | None = None, engine_config: EngineConfig | None = None,
-               max_waiting: int = 64, queue_timeout_s: float | None = 30.0,
-               drain_timeout_s: float = 10.0) -> FastAPI:
-    """The app; the engine thread starts with the app's lifespan and drains at shutdown."""
-    if model is None:
-        from ..checkpoint import load_model
-        model = load_model(model_name)
-    if tokenizer is None:
-        from ..tokenizer import load_tokenizer
-        tokenizer = load_tokenizer()
-    tok: TinyTokenizer = tokenizer
-    window = model.config.max_position_embeddings
-    config = engine_config or EngineConfig(num_blocks=1024, block_size=16, max_num_seqs=16,
-                                           max_num_batched_tokens=256)
-    state: dict[str, Any] = {}
+@dataclass
+class ServerState:
+    """What the handler serves with: the model and its limits, fixed at start, and the live
+    engine and metrics, which exist between the app's start and its shutdown."""
+    model_name: str
+    model: TinyLlama
+    tokenizer: TinyTokenizer
+    engine_config: EngineConfig
+    max_waiting: int = 64
+    queue_timeout_s: float | None = 30.0
+    drain_timeout_s: float = 10.0
+    engine: AsyncEngine | None = field(default=None, repr=False)
+    metrics: ServerMetrics | None = field(default=None, repr=False)
 
+    @property
+    def window(self) -> int:
+        return self.model.config.max_position_embeddings
+
+
+@dataclass
+class _Reply:
+    """One request's reply as it is produced: the text pieces, the tokens counted, and the
+    finish reason once known. Streamed and non-streamed replies both advance it with
+    :meth:`OpenAIServer._advance`, so they finish and count the same way."""
+    rid: str
+    chat: bool
+    prompt_tokens: int
+    text: _TextStream
+    tokens: int = 0
+    finish: str | None = None
+
+
+class OpenAIServer:
+    """The endpoints' handlers over one :class:`ServerState`; :func:`create_app` routes to them."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The live engine (between the app's start and its shutdown)."""
+        if self.state.engine is None:
+            raise RuntimeError("the server has not started: enter the app's lifespan first")
+        return self.state.engine
+
+    # ---- lifespan -------------------------------------------------------------------------------
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = AsyncEngine(Engine(model, config), max_waiting=max_waiting,
-                             queue_timeout_s=queue_timeout_s)
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Start the engine thread with the app; drain in-flight requests at shutdown."""
+        st = self.state
+        engine = AsyncEngine(Engine(st.model, st.engine_config), max_waiting=st.max_waiting,
+                             queue_timeout_s=st.queue_timeout_s)
         metrics = ServerMetrics(engine.stats)
         engine.listeners.append(lambda req, event, trace: metrics.observe(trace))
-        state.update(engine=engine, metrics=metrics)
+        st.engine, st.metrics = engine, metrics
         yield
-        await engine.shutdown(drain_timeout_s)
+        await engine.shutdown(st.drain_timeout_s)
 
-    app = FastAPI(title="tinyserve", lifespan=lifespan,
-                  description="OpenAI-compatible completions over the course's engine")
-    app.state.tinyserve = state
+    # ---- endpoints ------------------------------------------------------------------------------
+    async def completions(self, body: api.CompletionRequest, request: Request) -> Response:
+        arrival = time.perf_counter()
+        self._check_request(body)
+        ids = self._tokens(body.prompt)  # type: ignore[arg-type]
+        return await self._respond(request, body, ids, False, arrival)
 
-    # ---- errors in OpenAI's shape -----------------------------------------------------------
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        _count(request, exc.status)
+    async def chat(self, body: api.ChatRequest, request: Request) -> Response:
+        arrival = time.perf_counter()
+        self._check_request(body)
+        try:
+            prompt = api.chat_prompt(body.messages)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from None
+        return await self._respond(request, body, self._tokens(prompt), True, arrival)
+
+    async def models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": self.state.model_name, "object": "model",
+                                            "created": 0, "owned_by": "tinyserve",
+                                            "max_model_len": self.state.window}]}
+
+    async def health(self) -> JSONResponse:
+        engine = self.state.engine
+        if engine is None or not engine.accepting:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok", **engine.stats()})
+
+    async def metrics(self) -> Response:
+        if self.state.metrics is None:
+            raise APIError(503, "the server is starting; metrics come with the engine",
+                           "service_unavailable")
+        return Response(self.state.metrics.render(),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ---- errors in OpenAI's shape ----------------------------------------------------------------
+    async def api_error(self, request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        self.count(request.url.path, exc.status)
         return JSONResponse(api.error_body(exc.message, exc.kind, exc.param, exc.code),
                             status_code=exc.status, headers=exc.headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(self, request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             status, message = 400, "the request body is not valid JSON: " + "; ".join(
@@ -141,21 +207,27 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
             message = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: "
                 f"{str(e['msg']).removeprefix('Value error, ')}" for e in errors)
-        _count(request, status)
+        self.count(request.url.path, status)
         return JSONResponse(api.error_body(message, "invalid_request_error"), status_code=status)
 
-    def _count(request: Request, status: int) -> None:
-        if "metrics" in state:
-            state["metrics"].requests.labels(request.url.path, str(status)).inc()
+    def count(self, path: str, status: int) -> None:
+        """One answered request in ``/metrics``, by endpoint and status code."""
+        if self.state.metrics is not None:
+            self.state.metrics.requests.labels(path, str(status)).inc()
 
-    # ---- the shared path of both endpoints ----------------------------------------------------
-    def _check_model(name: str) -> None:
-        if name != model_name:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves "
-                                f"'{model_name}' (see GET /v1/models)", "not_found_error",
-                           "model", "model_not_found")
+    # ---- the shared path of both endpoints ------------------------------------------------------
+    def _check_request(self, body: api.CommonParams) -> None:
+        """404 for another model, 400 naming a parameter we cannot honour."""
+        if body.model != self.state.model_name:
+            raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
+                                f"'{self.state.model_name}' (see GET /v1/models)",
+                           "not_found_error", "model", "model_not_found")
+        refused = body.unsupported()
+        if refused is not None:
+            raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
 
-    def _tokens(prompt: str | list[int]) -> list[int]:
+    def _tokens(self, prompt: str | list[int]) -> list[int]:
+        tok = self.state.tokenizer
         if isinstance(prompt, str):
             if not prompt:
                 raise APIError(400, "the prompt is empty; send at least one character", param="prompt")
@@ -168,32 +240,31 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
                            param="prompt")
         return list(prompt)
 
-    async def _start(request: Request, body: api._Common, ids: list[int], max_tokens: int | None,
+    async def _start(self, request: Request, body: api.CommonParams, ids: list[int],
                      arrival: float) -> tuple[RequestStream, Any]:
+        """Submit the request and wait for its first token (or its refusal, as an HTTP error)."""
+        window, max_tokens, name = self.state.window, body.token_limit(), body.token_limit_name()
         if max_tokens is None:
             max_tokens = window - len(ids)
         if len(ids) + max_tokens > window:
-            raise APIError(400, f"this model's context window is {window} tokens; the prompt has "
-                                f"{len(ids)} tokens and max_tokens is {max_tokens} "
-                                f"({len(ids) + max_tokens} in all); shorten the prompt or lower "
-                                f"max_tokens", param="max_tokens", code="context_length_exceeded")
+            raise APIError(400, context_window_message(window, len(ids), max_tokens, name),
+                           param=name, code="context_length_exceeded")
         try:
             body.stop_strings()              # validated here, applied by _TextStream
         except ValueError as e:
             raise APIError(400, str(e), param="stop") from None
         sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k,
                                   top_p=body.top_p if body.top_p < 1 else None, seed=body.seed)
-        eos = () if body.ignore_eos else (tok.eos_id,)
+        eos = () if body.ignore_eos else (self.state.tokenizer.eos_id,)
         stop_ids = (*eos, *(body.stop_token_ids or ()))
-        engine: AsyncEngine = state["engine"]
         try:
-            stream = engine.submit(ids, max_tokens, sampling=sampling, stop_ids=stop_ids,
-                                   arrival=arrival)
+            stream = self.engine.submit(ids, max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                        arrival=arrival)
         except ShuttingDownError as e:
             raise APIError(503, str(e), "service_unavailable") from None
-        first = await _first_or_disconnect(request, stream)
-        return stream, first
+        return stream, await self._first_or_disconnect(request, stream)
 
+    @staticmethod
     async def _first_or_disconnect(request: Request, stream: RequestStream) -> Any:
         """The first token, or the refusal as an HTTP error; a client that leaves while its
         request is queued cancels it."""
@@ -215,98 +286,98 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
         except ShuttingDownError as e:
             raise APIError(503, str(e), "service_unavailable") from None
 
-    async def _respond(request: Request, body: api._Common, ids: list[int],
-                       max_tokens: int | None, chat: bool, arrival: float) -> Response:
-        stream, first = await _start(request, body, ids, max_tokens, arrival)
-        rid = ("chatcmpl-" if chat else "cmpl-") + stream.request_id.split("-")[-1]
-        text = _TextStream(tok, body.stop_strings())
+    async def _respond(self, request: Request, body: api.CommonParams, ids: list[int],
+                       chat: bool, arrival: float) -> Response:
+        stream, first = await self._start(request, body, ids, arrival)
+        reply = _Reply(rid=("chatcmpl-" if chat else "cmpl-") + stream.request_id.split("-")[-1],
+                       chat=chat, prompt_tokens=len(ids),
+                       text=_TextStream(self.state.tokenizer, body.stop_strings()))
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(
-                _sse(stream, first, text, rid, body.model, chat, include_usage, len(ids)),
-                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        pieces, n, event, finish = [], 0, first, None
+            return StreamingResponse(self.sse(stream, first, reply, body.model, include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        pieces, event = [], first
         try:
             while True:
-                n += 1
-                pieces.append(text.push(event.token_id, event.finished))
-                if text.stopped or event.finished:
-                    finish = "stop" if text.stopped else _finish_reason(event.finish_reason)
+                pieces.append(self._advance(reply, event))
+                if reply.finish is not None:
                     break
                 event = await stream.__anext__()
         finally:
             stream.cancel()
-        use = api.usage(len(ids), n)
-        make = api.chat_body if chat else api.completion_body
-        _count(request, 200)
+        self.count(request.url.path, 200)
         timings = _timings(stream.trace)
-        return JSONResponse(make(rid, body.model, "".join(pieces), finish, use, timings),
+        make = api.chat_body if chat else api.completion_body
+        use = api.usage(reply.prompt_tokens, reply.tokens)
+        return JSONResponse(make(reply.rid, body.model, "".join(pieces), reply.finish, use, timings),
                             headers={"x-tinyserve-timings": json.dumps(timings or {})})
 
-    async def _sse(stream: RequestStream, first: Any, text: _TextStream, rid: str, model_id: str,
-                   chat: bool, include_usage: bool, prompt_tokens: int) -> AsyncIterator[str]:
-        n, event = 0, first
+    @staticmethod
+    def _advance(reply: _Reply, event: Any) -> str:
+        """Take one token event into the reply: its text piece; ``reply.finish`` is set when
+        this token ends the reply (a stop string, a stop token, ``max_tokens`` or the window)."""
+        reply.tokens += 1
+        piece = reply.text.push(event.token_id, event.finished)
+        if reply.text.stopped:
+            reply.finish = "stop"
+        elif event.finished:
+            reply.finish = _finish_reason(event.finish_reason)
+        return piece
+
+    async def sse(self, stream: RequestStream, first: Any, reply: _Reply, model_id: str,
+                  include_usage: bool) -> AsyncIterator[str]:
+        """The server-sent events of a streamed reply: one chunk per token, usage, ``[DONE]``."""
+        event = first
         try:
             while True:
-                n += 1
-                piece = text.push(event.token_id, event.finished)
-                done = text.stopped or event.finished
-                finish = ("stop" if text.stopped else _finish_reason(event.finish_reason)) if done else None
-                if chat:
-                    delta = {"role": "assistant", "content": piece} if n == 1 else {"content": piece}
-                    chunk = api.chat_chunk(rid, model_id, delta, finish)
+                piece = self._advance(reply, event)
+                if reply.chat:
+                    delta = ({"role": "assistant", "content": piece} if reply.tokens == 1
+                             else {"content": piece})
+                    chunk = api.chat_chunk(reply.rid, model_id, delta, reply.finish)
                 else:
-                    chunk = api.completion_chunk(rid, model_id, piece, finish)
+                    chunk = api.completion_chunk(reply.rid, model_id, piece, reply.finish)
                 yield f"data: {json.dumps(chunk)}\n\n"
-                if done:
+                if reply.finish is not None:
                     break
                 event = await stream.__anext__()
             if include_usage:
-                obj = "chat.completion.chunk" if chat else "text_completion"
+                obj = "chat.completion.chunk" if reply.chat else "text_completion"
+                use = api.usage(reply.prompt_tokens, reply.tokens)
                 yield "data: " + json.dumps(api.usage_chunk(
-                    rid, model_id, obj, api.usage(prompt_tokens, n), _timings(stream.trace))) + "\n\n"
+                    reply.rid, model_id, obj, use, _timings(stream.trace))) + "\n\n"
             yield "data: [DONE]\n\n"
-            if "metrics" in state:
-                state["metrics"].requests.labels(
-                    "/v1/chat/completions" if chat else "/v1/completions", "200").inc()
+            self.count("/v1/chat/completions" if reply.chat else "/v1/completions", 200)
         finally:
             stream.cancel()   # a no-op when finished; on a disconnect it frees the blocks
 
-    # ---- endpoints ----------------------------------------------------------------------------
-    @app.post("/v1/completions")
-    async def completions(body: api.CompletionRequest, request: Request) -> Response:
-        arrival = time.perf_counter()
-        _check_model(body.model)
-        if body.echo:
-            raise APIError(400, "echo is not supported", param="echo")
-        ids = _tokens(body.prompt)  # type: ignore[arg-type]
-        return await _respond(request, body, ids, body.max_tokens, False, arrival)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: api.ChatRequest, request: Request) -> Response:
-        arrival = time.perf_counter()
-        _check_model(body.model)
-        ids = _tokens(api.chat_prompt(body.messages))
-        return await _respond(request, body, ids, body.max_tokens, True, arrival)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                            "created": 0, "owned_by": "tinyserve",
-                                            "max_model_len": window}]}
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        engine: AsyncEngine | None = state.get("engine")
-        if engine is None or not engine.accepting:
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        return JSONResponse({"status": "ok", **engine.stats()})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(state["metrics"].render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
-
+def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
+               tokenizer: TinyTokenizer | None = None, engine_config: EngineConfig | None = None,
+               max_waiting: int = 64, queue_timeout_s: float | None = 30.0,
+               drain_timeout_s: float = 10.0) -> FastAPI:
+    """The app: routes to an :class:`OpenAIServer` (``app.state.server``), whose engine thread
+    starts with the app's lifespan and drains at shutdown."""
+    if model is None:
+        from ..checkpoint import load_model
+        model = load_model(model_name)
+    if tokenizer is None:
+        from ..tokenizer import load_tokenizer
+        tokenizer = load_tokenizer()
+    server = OpenAIServer(ServerState(
+        model_name, model, tokenizer, engine_config or EngineConfig(**ServeOptions().engine_sizes()),
+        max_waiting=max_waiting, queue_timeout_s=queue_timeout_s, drain_timeout_s=drain_timeout_s))
+    app = FastAPI(title="tinyserve", lifespan=server.lifespan,
+                  description="OpenAI-compatible completions over the course's engine")
+    app.state.server = server
+    app.add_exception_handler(APIError, server.api_error)
+    app.add_exception_handler(RequestValidationError, server.invalid)
+    app.post("/v1/completions")(server.completions)
+    app.post("/v1/chat/completions")(server.chat)
+    app.get("/v1/models")(server.models)
+    app.get("/health")(server.health)
+    app.get("/metrics")(server.metrics)
     return app
 
 

@@ -1,0 +1,112 @@
+"""Decode against its roofline: eager and compiled, batch 1 and a batch sweep.
+
+Per-token time of a decode step (the sampled token fed back, as in generation), measured
+for the eager model (:func:`~tinyserve.generate.decode_step` on the contiguous KV cache) and
+for the compiled step (:mod:`tinyserve.compiled`), next to the bounds of
+:mod:`tinyserve.roofline`: the bytes a step must read over the measured copy bandwidth, and
+its FLOPs over the measured matmul rate.
+
+Ratios:
+
+- ``decode_mbu_b1_eager`` / ``decode_mbu_b1_compiled``: memory bound / measured per-token
+  time at batch 1 (1.0 = as fast as the bytes can move);
+- ``compiled_vs_eager_b1``: eager / compiled per-token time (greater than 1: compiled faster);
+- ``compile_s``: seconds the first compiled step took (tracing and code generation).
+
+Both paths are checked to produce the same greedy tokens before anything is timed (fp32;
+in bf16 on a GPU, fused kernels round differently, so equality is reported, not required).
+The sweep times a step at batch 1 to 64 for eager and compiled: where the measured time
+leaves the flat memory bound is where the step stops being overhead- or memory-bound.
+``--quick`` runs the same code on a tiny random model; its figures mean nothing.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tinyserve.compiled import compiled_decoder, generate_compiled
+from tinyserve.corpus import example_prompts
+from tinyserve.device import default_device, default_dtype
+from tinyserve.generate import generate_batch
+from tinyserve.model import TinyLlama
+from tinyserve.roofline import (bounds_seconds, compiled_step_seconds, decode_cost,
+                                eager_step_seconds, matmul_flops, mbu, memory_bandwidth)
+from tinyserve.tokenizer import load_tokenizer
+
+from .common import load_bench_model, report, table, write_json
+
+def _prompts(model: TinyLlama, batch: int, length: int) -> list[list[int]]:
+    """``batch`` sample tickets of exactly ``length`` tokens (a short one is repeated)."""
+    tok = load_tokenizer()
+    vocab = model.config.vocab_size
+    rows = []
+    for text in example_prompts(batch):
+        ids = tok.encode(text)
+        rows.append([t % vocab for t in (ids * (length // len(ids) + 1))[:length]])
+    return rows
+
+
+def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+    device = default_device()
+    dtype = default_dtype(device)
+    model, name = load_bench_model(quick, device)
+    model = model.to(dtype)
+    prompt_len, n_new, repeats = (8, 8, 2) if quick else (64, 64, 3)
+    batches = (1, 2) if quick else (1, 8, 64)
+    # --quick on a CPU only traces the step (code generation takes a minute there); the
+    # compiled kernels themselves are checked by tests/test_compile.py.
+    backend = "eager" if quick and device.type == "cpu" else "inductor"
+
+    # Equal tokens first: a fast path that computes something else is not faster.
+    one = _prompts(model, 1, prompt_len)
+    eager_tokens = generate_batch(model, one, n_new)
+    compiled_tokens = generate_compiled(model, one, n_new, backend=backend)
+    tokens_equal = eager_tokens == compiled_tokens
+    if dtype == torch.float32 and not tokens_equal:
+        raise RuntimeError("compiled greedy tokens differ from eager ones in fp32")
+
+    bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)
+    flop_rate = matmul_flops(device, dtype, 256 if quick else (4096 if device.type == "cuda" else 1024))
+    context = prompt_len + n_new // 2
+    rows, sweep = [], []
+    compile_s: dict[str, float] = {}
+    for batch in batches:
+        prompts = torch.tensor(_prompts(model, batch, prompt_len), device=device)
+        eager = eager_step_seconds(model, prompts, n_new, repeats)
+        compiled, compile_s[str(batch)] = compiled_step_seconds(model, prompts, n_new, repeats,
+                                                                backend)
+        cost = decode_cost(model, batch, context)
+        bound = bounds_seconds(cost, bandwidth, flop_rate)
+        sweep.append({"batch": batch, "eager_ms": eager * 1e3, "compiled_ms": compiled * 1e3,
+                      "memory_bound_ms": bound["memory_s"] * 1e3,
+                      "compute_bound_ms": bound["compute_s"] * 1e3,
+                      "bytes": cost.bytes, "flops": cost.flops,
+                      "mbu_eager": mbu(cost, bandwidth, eager),
+                      "mbu_compiled": mbu(cost, bandwidth, compiled)})
+        rows.append([batch, eager * 1e3, compiled * 1e3, bound["memory_s"] * 1e3,
+                     bound["compute_s"] * 1e3, eager / compiled])
+    b1 = sweep[0]
+    ratios = {"decode_mbu_b1_eager": b1["mbu_eager"], "decode_mbu_b1_compiled": b1["mbu_compiled"],
+              "compiled_vs_eager_b1": b1["eager_ms"] / b1["compiled_ms"],
+              "compile_s": compile_s["1"]}
+    print(f"decode step, {prompt_len}-token prompts, {n_new} steps ({name}, {device}, "
+          f"{str(dtype).removeprefix('torch.')}, median of {repeats}); bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s, matmul {flop_rate / 1e9:.1f} GFLOP/s")
+    print(table(["batch", "eager ms", "compiled ms", "memory bound ms", "compute bound ms",
+                 "eager/compiled"], rows))
+    print(f"\nbatch 1: eager at {b1['mbu_eager']:.0%} of the memory bound, compiled at "
+          f"{b1['mbu_compiled']:.0%}; first compiled step took {compile_s['1']:.1f} s; "
+          f"greedy tokens equal: {tokens_equal}", flush=True)
+    data = report("decode", ratios=ratios,
+                  measurements={"bandwidth_gb_per_s": bandwidth / 1e9,
+                                "matmul_gflop_per_s": flop_rate / 1e9, "context": context,
+                                "tokens_equal": tokens_equal, "compile_s": compile_s,
+                                "sweep": sweep},
+                  conditions={"model": name, "device": str(device), "dtype": str(dtype),
+                              "prompt_tokens": prompt_len, "steps": n_new, "repeats": repeats,
+                              "compile_backend": backend,
+                              "compile_mode": compiled_decoder(model, 1, backend=backend).mode},
+                  quick=quick)
+    write_json(data, json_path)
+    return data

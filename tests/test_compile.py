@@ -1,0 +1,84 @@
+"""The compiled decode path (tinyserve/compiled.py) against the eager reference: the static
+cache gives the same logits as the contiguous one, and compiled generation the same greedy
+tokens as :func:`generate_batch`, traced only (seconds) and with real code generation."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tinyserve.compiled import BUCKETS, StaticKVCache, bucket_for, compiled_decoder, generate_compiled
+from tinyserve.config import ModelConfig
+from tinyserve.__main__ import main
+from tinyserve.generate import decode_step, generate_batch, generate_stream, prefill
+from tinyserve.kv_cache import KVCache
+
+from conftest import random_prompt, sharp_model
+
+SMALL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48)
+#: One layer: the fewest kernels for the test that really generates code (a minute of
+#: compiling on a busy 2-core machine for SMALL, a fraction of it for this).
+ONE_LAYER = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+
+
+@torch.no_grad()
+def test_static_cache_gives_the_contiguous_caches_logits() -> None:
+    model = sharp_model(SMALL, seed=1)
+    prompts = torch.tensor([random_prompt(96, 7, seed=2), random_prompt(96, 7, seed=3)])
+    ref, static = KVCache.for_model(model, 2, 20), StaticKVCache(model.config, 2, device="cpu",
+                                                                 dtype=torch.float32)
+    positions = torch.arange(7).expand(2, 7)
+    torch.testing.assert_close(model(prompts, positions, static), prefill(model, prompts, ref))
+    tokens, pos = torch.tensor([5, 9]), torch.tensor([7, 7])
+    for _ in range(4):   # decode steps: one row's history, its own position
+        want = decode_step(model, tokens, pos, ref)
+        got = model(tokens[:, None], pos[:, None], static)[:, -1]
+        torch.testing.assert_close(got, want)
+        tokens, pos = want.argmax(-1), pos + 1
+
+
+def test_traced_step_gives_eager_tokens_for_ragged_prompts_in_a_padded_bucket() -> None:
+    model = sharp_model(SMALL, seed=4)
+    prompts = [random_prompt(96, n, seed=n) for n in (3, 9, 5)]   # bucket 4: one dummy row
+    want = generate_batch(model, prompts, 12, stop_ids=(7,))
+    assert generate_compiled(model, prompts, 12, stop_ids=(7,), backend="eager") == want
+    decoder = compiled_decoder(model, 3, backend="eager")
+    assert decoder.cache.batch_size == 4 and decoder.compile_seconds is not None
+    # the same decoder serves the next batch of that bucket: nothing leaks between requests
+    again = [random_prompt(96, 6, seed=40 + i) for i in range(4)]
+    assert generate_compiled(model, again, 8, backend="eager") == generate_batch(model, again, 8)
+
+
+def test_compiled_kernels_give_eager_tokens() -> None:
+    # Real code generation (inductor: C++ on a CPU, Triton and CUDA graphs on a GPU).
+    model = sharp_model(ONE_LAYER, seed=5)
+    prompt = random_prompt(64, 5, seed=6)
+    want = generate_batch(model, [prompt], 20)
+    assert generate_compiled(model, [prompt], 20) == want
+    assert compiled_decoder(model, 1).mode == "default"
+    # generate_stream(compile=True), what `generate --compile` runs, reuses that decoder
+    assert list(generate_stream(model, prompt, 20, compile=True)) == want[0]
+
+
+def test_buckets_and_the_limit_are_named() -> None:
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
+    with pytest.raises(ValueError, match=f"at most {BUCKETS[-1]} rows, got 65"):
+        bucket_for(65)
+
+
+def test_compile_flags_name_what_they_need(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--prompt", "hi", "--compile", "--no-cache"]) == 2
+    assert "compile needs the KV cache" in capsys.readouterr().err
+    assert main(["bench", "kv", "--quick", "--compile"]) == 2
+    assert "bench kv has no --compile variant" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_give_eager_tokens_on_cuda() -> None:
+    model = sharp_model(SMALL, seed=7).to("cuda")
+    prompts = [random_prompt(96, n, seed=n) for n in (4, 6)]
+    want = generate_batch(model, prompts, 16)
+    assert generate_compiled(model, prompts, 16) == want
+    decoder = compiled_decoder(model, 2)
+    assert decoder.mode == "reduce-overhead" and decoder.cache.k.is_cuda

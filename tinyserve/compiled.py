@@ -1,0 +1,185 @@
+"""A compiled decode step: the same model, traced once into fused kernels (opt-in).
+
+Eager PyTorch runs a decode step as a few hundred small operations, each dispatched from
+Python (and on a GPU, each a kernel launch). For a small model at batch 1 that dispatch,
+not memory traffic, is most of the step. ``torch.compile`` traces the step into a graph and
+fuses it; on CUDA, mode ``"reduce-overhead"`` also records it as a CUDA graph, so a step
+is one launch replayed.
+
+Tracing needs *static shapes*, which the contiguous :class:`~tinyserve.kv_cache.KVCache` does
+not have (its keys grow each step, and it keeps lengths on the host). So this module brings:
+
+- :class:`StaticKVCache`: every row owns the whole window, always returned whole; which slots
+  a query may see is computed from the positions on the device (slot ``s`` is visible to a
+  row at position ``p`` when ``s <= p``), so nothing in a step reads back to the host;
+- :class:`CompiledDecoder`: one compiled step per (model, batch bucket), prefill left eager
+  (it runs once per request and its shapes vary);
+- :func:`generate_compiled`: static-batch greedy or sampled generation on it, the compiled
+  twin of :func:`~tinyserve.generate.generate_batch` (tests check they give equal tokens).
+
+Batches are padded up to a bucket (1, 2, 4, ... 64) so a handful of graphs serve every size.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+import time
+import weakref
+
+import torch
+from torch import Tensor
+
+from .config import ModelConfig
+from .model import TinyLlama
+from .sampling import SamplingParams, sample_with
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def bucket_for(batch: int) -> int:
+    """The smallest batch bucket that holds ``batch`` rows."""
+    for b in BUCKETS:
+        if batch <= b:
+            return b
+    raise ValueError(f"a compiled decode step takes at most {BUCKETS[-1]} rows, got {batch}; "
+                     f"split the batch or run it eagerly (without --compile)")
+
+
+class StaticKVCache:
+    """Keys and values for ``batch_size`` rows of the whole context window, fixed shapes.
+
+    Implements the model's ``KVStore`` protocol like :class:`~tinyserve.kv_cache.KVCache`, but
+    keeps no lengths on the host: it returns all ``max_seq`` slots every step, each with
+    position ``s`` if the row has reached it (``s <= `` the row's current position) and
+    ``-1`` otherwise. Stale slots from a longer earlier request are therefore invisible
+    until overwritten, and a row's tokens must be written in order from position 0.
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        self.config, self.batch_size = config, batch_size
+        self.max_seq = config.max_position_embeddings
+        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads,
+                 self.max_seq, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.slots = torch.arange(self.max_seq, device=device)
+        self.rows = torch.arange(batch_size, device=device)
+        # Fixed addresses: a CUDA graph replays reads and writes of these very buffers.
+        for t in (self.k, self.v, self.slots, self.rows):
+            torch._dynamo.mark_static_address(t)
+
+    def update(self, layer: int, k: Tensor, v: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Write keys and values (B, n_kv, T, head_dim) at ``positions`` (B, T); return the
+        whole window and each slot's position (B, max_seq), -1 for slots not yet reached."""
+        # (B, 1) rows with (B, T) positions index (B, T) slots: values are (B, T, n_kv, hd).
+        self.k[layer][self.rows[:, None], :, positions] = k.transpose(1, 2)
+        self.v[layer][self.rows[:, None], :, positions] = v.transpose(1, 2)
+        reached = positions.max(dim=1, keepdim=True).values             # (B, 1)
+        k_positions = torch.where(self.slots[None, :] <= reached, self.slots, -1)
+        return self.k[layer], self.v[layer], k_positions
+
+
+class CompiledDecoder:
+    """A static cache for one batch bucket and a compiled decode step over it.
+
+    ``mode`` defaults to ``"reduce-overhead"`` on CUDA (CUDA graphs) and ``"default"``
+    elsewhere (fused C++ kernels on a CPU). The first :meth:`step` compiles (seconds to a
+    minute); :attr:`compile_seconds` records how long that took. ``backend="eager"`` only
+    traces (TorchDynamo, no code generation): it checks in seconds that the step is one graph
+    with static shapes, and runs it op by op.
+    """
+
+    def __init__(self, model: TinyLlama, batch_size: int, mode: str | None = None,
+                 backend: str = "inductor") -> None:
+        self.model = model
+        self.cache = StaticKVCache(model.config, batch_size, device=model.device,
+                                   dtype=model.dtype)
+        self.backend = backend
+        self.mode = None if backend != "inductor" else \
+            mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
+        self._step = torch.compile(self._forward, backend=backend, mode=self.mode,
+                                   fullgraph=True, dynamic=False)
+        self.compile_seconds: float | None = None
+
+    def _forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
+
+    @torch.no_grad()
+    def prefill(self, ids: Tensor) -> Tensor:
+        """Run right-padded prompts ``ids`` (B, T) eagerly into the cache; all logits."""
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        return self.model(ids, positions, self.cache)
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """One token per row (B,) at its position (B,) -> next-token logits (B, vocab).
+
+        The logits live in the CUDA graph's output buffer, which the next step overwrites:
+        a copy is returned so callers may keep them."""
+        first = self.compile_seconds is None
+        start = time.perf_counter()
+        if self.mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        logits = self._step(tokens, positions).clone()
+        if first:
+            if logits.device.type == "cuda":
+                torch.cuda.synchronize(logits.device)
+            self.compile_seconds = time.perf_counter() - start
+        return logits
+
+
+_DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[tuple[int, str | None, str], CompiledDecoder]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
+                     backend: str = "inductor") -> CompiledDecoder:
+    """The decoder for ``model`` and the bucket holding ``batch`` rows, compiled once and
+    reused (compiling again for every request would cost more than it saves)."""
+    per_model = _DECODERS.setdefault(model, {})
+    key = (bucket_for(batch), mode, backend)
+    if key not in per_model:
+        per_model[key] = CompiledDecoder(model, key[0], mode, backend)
+    return per_model[key]
+
+
+@torch.no_grad()
+def generate_compiled(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
+                      sampling: SamplingParams = SamplingParams(),
+                      stop_ids: tuple[int, ...] = (), mode: str | None = None,
+                      backend: str = "inductor") -> list[list[int]]:
+    """Static batching with the compiled decode step: the same rules and the same tokens as
+    :func:`~tinyserve.generate.generate_batch` (right-padded prompts, stopped rows computed
+    but dropped), with the batch padded up to its bucket by dummy rows."""
+    from .generate import PromptError, check_prompt
+    if not prompts:
+        raise PromptError("no prompts given")
+    window = model.config.max_position_embeddings
+    for p in prompts:
+        check_prompt(p, max_tokens, window)
+    decoder = compiled_decoder(model, len(prompts), mode, backend)
+    device, B, bucket = model.device, len(prompts), decoder.cache.batch_size
+    lengths = [len(p) for p in prompts] + [1] * (bucket - len(prompts))
+    pad = model.config.pad_token_id
+    rows = [list(p) for p in prompts] + [[pad]] * (bucket - len(prompts))
+    padded = torch.tensor([r + [pad] * (max(lengths) - len(r)) for r in rows], device=device)
+    last = torch.tensor(lengths, device=device) - 1
+    logits = decoder.prefill(padded)[torch.arange(bucket, device=device), last]
+    generator = sampling.generator()
+    steps = min(max_tokens, window - max(lengths))
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
+    for step in range(steps):
+        tokens = sample_with(logits[:B], sampling, generator)
+        for b, t in enumerate(tokens.tolist()):
+            if not done[b]:
+                out[b].append(t)
+                done[b] = t in stop_ids
+        if all(done) or step == steps - 1:
+            break
+        last = last + 1
+        feed = torch.cat([tokens, torch.full((bucket - B,), pad, device=device,
+                                             dtype=tokens.dtype)])
+        logits = decoder.step(feed, last)
+    return out

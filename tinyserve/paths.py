@@ -1,0 +1,18 @@
+"""Where the package's files are. Everything it reads at run time ships inside it, under
+``ASSETS``, so the same paths hold in a checkout and in an installed wheel."""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The ``tinyserve`` package folder.
+PACKAGE = Path(__file__).resolve().parent
+#: Shipped files (package data): the models, the tokenizer, the simulator's cost model and
+#: the Harbor ticket fixtures the load generator replays.
+ASSETS = PACKAGE / "assets"
+#: The shipped models, each a folder under ``ASSETS / "models"``; every ``--model`` choice.
+MODEL_NAMES = ("target", "draft")
+#: Harbor's 200 fictional tickets; a copy of ``harbor_project/fixtures/tickets.jsonl`` (the
+#: learners' project file), kept identical by ``harbor_project/tools/make_tickets.py``.
+HARBOR_TICKETS = ASSETS / "harbor" / "tickets.jsonl"
+#: The git checkout the package runs from, or None when it is installed (no ``.git`` above it).
+CHECKOUT: Path | None = PACKAGE.parent if (PACKAGE.parent / ".git").exists() else None
