@@ -25,6 +25,9 @@ c.Execute.timeout = 120
 c.Execute.interrupt_on_timeout = True
 # A deleted test cell must come back, not vanish with its points.
 c.OverwriteCells.add_missing_cells = True
+# Rubrics of written answers sit in ### BEGIN/END MARK SCHEME regions of the locked
+# question cells; release cuts them, the grader's copy (and so feedback) keeps them.
+c.ClearMarkScheme.enforce_metadata = False
 # Validate: show every failing test, not only the first.
 c.Validator.validate_all = True
 
@@ -33,5 +36,12 @@ c.Validator.validate_all = True
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "autograder.nbfeedback.SanitizeFeedback",
+    "autograder.nbfeedback.SanitizeStudentHTML",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# Everything the instructor's views render from a submission is the student's text: strip
+# active content (a <script> in a written answer or an output would run in the instructor's
+# session). The formgrader's submission view and nbgrader's feedback both use HTMLExporter.
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.preprocessors = ["autograder.nbfeedback.SanitizeStudentHTML"]

@@ -1,8 +1,11 @@
 """Learner self-check: run a notebook's visible tests and say what passed and what was expected.
 
 This runs your own notebook on your own machine (no sandbox needed), in a fresh kernel, top
-to bottom, then prints one line per graded test cell. Hidden tests are not in your copy, so a
-full self-check score is necessary but not sufficient for full marks.
+to bottom, then prints one line per graded test cell. The test cells run as they do at
+grading: outside your kernel, in the trusted runner, calling your functions over the same
+channel (autograder.channel), so an honest notebook gets the same verdicts here as there.
+Hidden tests are not in your copy, so a full self-check score is necessary but not
+sufficient for full marks.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 
 from .execute import run_notebook
 from .submission import Unreadable, load
-from .worker import apply_results, score_cells
+from .worker import apply_results, grading_plan, score_cells
 
 
 def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 1200,
@@ -31,7 +34,8 @@ def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 
         return 2
     km = AsyncKernelManager(kernel_name="python3")
     report = run_notebook(nb, km, cwd=str(path.parent), cell_timeout=cell_timeout,
-                          total_timeout=total_timeout, kernel_output=subprocess.DEVNULL)
+                          total_timeout=total_timeout, plan=grading_plan(nb),
+                          kernel_output=subprocess.DEVNULL)
     apply_results(nb, report, tests)
     write(f"Self-check of {path.name} (visible tests only; hidden tests run at grading)")
     for note in notes + report.events:
@@ -50,4 +54,8 @@ def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 
     passed = sum(t["max_points"] for t in auto if t["passed"])
     total = sum(t["max_points"] for t in auto)
     write(f"Visible tests: {passed:g} / {total:g} points passed.")
+    manual = sum(t["max_points"] for t in tests if t["kind"] == "manual" and t["needs_manual_grade"])
+    if manual:
+        write(f"Answers awaiting manual grading: {manual:g} point{'s' if manual != 1 else ''} "
+              "(your instructor grades them).")
     return 0 if all(t["passed"] for t in auto) else 1

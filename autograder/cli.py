@@ -10,6 +10,7 @@
     export [ASSIGNMENT ...]       grades CSV
     check NOTEBOOK                learner self-check against the visible tests
     bench --json PATH             parallel vs serial grading speed-up
+    mutants ASSIGNMENT            mutation score: the share of solution mutants that lose marks
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workers", type=int, default=None)
     b.add_argument("--assignment", default=None)
 
+    __import__("autograder.mutants").mutants.add_parser(sub)
+
     args = p.parse_args(argv)
     try:
         return _run(args)
@@ -88,6 +91,8 @@ def _run(args) -> int:
         from .check import self_check
         return self_check(args.notebook, cell_timeout=args.cell_timeout)
     course = Course.find(args.root)
+    if getattr(args, "handler", None):
+        return args.handler(course, args)
     if args.cmd == "release":
         from .course import release
         for name in args.assignments or course.assignments():

@@ -10,57 +10,103 @@ from __future__ import annotations
 import shutil
 import time
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from .course import Course, CourseError, safe_name
 
 MAX_FILE_MB = 50
-MAX_TOTAL_MB = 2000
+MAX_STUDENT_MB = 200
 
 
 def collect(course: Course, assignment: str, source: Path) -> tuple[list[str], list[str]]:
-    """Copy submissions into grading/submitted/; return (students collected, warnings)."""
+    """Copy submissions into grading/submitted/; return (students collected, warnings).
+
+    Each student's upload is handled alone: a bad entry (a zip whose headers lie about
+    sizes, a file and a folder of the same name, a name too long for the file system) costs
+    that student's collection, with a warning saying why, never anyone else's.
+    """
     course.check_assignment(assignment)
     source = Path(source)
     if not source.exists():
         raise CourseError(f"{source} does not exist")
     entries = list(_zip_entries(source) if source.is_file() else _folder_entries(source))
-    by_student: dict[str, list[tuple[PurePosixPath, object]]] = {}
-    warnings: list[str] = []
-    for parts, opener, size in entries:
-        if assignment not in parts[:-1]:
-            continue
-        i = len(parts) - 2 - list(reversed(parts[:-1])).index(assignment)
-        if i < 1:
-            continue
-        student, rel = parts[i - 1], PurePosixPath(*parts[i + 1:])
-        if not safe_name(student):
-            warnings.append(f"skipped folder {student!r}: not a valid student id")
-            continue
-        if any(p in ("..", "") or p.startswith("/") for p in rel.parts) or "__MACOSX" in parts:
-            continue
-        if size > MAX_FILE_MB * 2**20:
-            warnings.append(f"{student}: skipped {rel} ({size / 2**20:.0f} MB > {MAX_FILE_MB} MB)")
-            continue
-        by_student.setdefault(student, []).append((rel, opener))
+    by_student, warnings = _group(entries, assignment)
     if not by_student:
         raise CourseError(f"no submissions for {assignment} found in {source}; expected "
                           f"STUDENT/{assignment}/NOTEBOOK.ipynb")
-    total = 0
+    collected = []
     for student, files in sorted(by_student.items()):
-        dest = course.submitted / student / assignment
-        if dest.exists():
-            shutil.rmtree(dest)  # the latest collection replaces the previous one
-        dest.mkdir(parents=True)
-        for rel, opener in files:
-            target = dest / rel
+        problem = _collect_one(course.submitted / student / assignment, files)
+        if problem:
+            warnings.append(f"{student}: not collected ({problem}); the previous collection, "
+                            "if any, is kept")
+        else:
+            collected.append(student)
+    return collected, warnings
+
+
+def _group(entries, assignment: str) -> tuple[dict[str, list], list[str]]:
+    """Files per student. The student is the folder above the *outermost* folder named like
+    the assignment, so a nested copy inside one upload (ben/mini/ann/mini/...) stays ben's
+    and cannot replace ann's; a student found under two different paths keeps the shallower
+    one, and the other is reported."""
+    by_student: dict[str, list[tuple[PurePosixPath, object, int]]] = {}
+    where: dict[str, tuple[str, ...]] = {}
+    warnings: list[str] = []
+    for parts, opener, size in entries:
+        if assignment not in parts[:-1] or "__MACOSX" in parts:
+            continue
+        i = parts.index(assignment)
+        if i < 1:
+            continue
+        student, prefix, rel = parts[i - 1], tuple(parts[:i]), PurePosixPath(*parts[i + 1:])
+        if not safe_name(student):
+            warnings.append(f"skipped folder {student[:80]!r}: not a valid student id")
+            continue
+        if any(p in ("..", "") or p.startswith("/") for p in rel.parts):
+            continue
+        if student in where and where[student] != prefix:
+            keep = min(where[student], prefix, key=lambda p: (len(p), p))
+            drop = prefix if keep == where[student] else where[student]
+            warnings.append(f"{student}: also found under {'/'.join(drop)[:200]}; "
+                            f"collected from {'/'.join(keep)[:200]} only")
+            if keep != where[student]:
+                by_student[student], where[student] = [], keep
+            if prefix != keep:
+                continue
+        where[student] = prefix
+        if size > MAX_FILE_MB * 2**20:
+            warnings.append(f"{student}: skipped {str(rel)[:200]} "
+                            f"({size / 2**20:.0f} MB > {MAX_FILE_MB} MB)")
+            continue
+        by_student.setdefault(student, []).append((rel, opener, size))
+    return by_student, list(dict.fromkeys(warnings))
+
+
+def _collect_one(dest: Path, files: list) -> str:
+    """Copy one student's files into place; '' on success, else the reason it failed."""
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    total = 0
+    try:
+        partial.mkdir(parents=True)
+        for rel, opener, _ in files:
+            target = partial / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             with opener() as src, open(target, "wb") as out:  # type: ignore[operator]
                 total += _copy_capped(src, out, MAX_FILE_MB * 2**20)
-            if total > MAX_TOTAL_MB * 2**20:
-                raise CourseError(f"collection larger than {MAX_TOTAL_MB} MB; stopped")
-        _write_timestamp(dest)
-    return sorted(by_student), warnings
+            if total > MAX_STUDENT_MB * 2**20:
+                raise CourseError(f"upload larger than {MAX_STUDENT_MB} MB")
+    except (CourseError, OSError, zipfile.BadZipFile, zlib.error, EOFError,
+            NotImplementedError, RuntimeError, ValueError) as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    if dest.exists():
+        shutil.rmtree(dest)  # the latest good collection replaces the previous one
+    partial.rename(dest)
+    _write_timestamp(dest)
+    return ""
 
 
 def _write_timestamp(dest: Path) -> None:

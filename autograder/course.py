@@ -122,7 +122,9 @@ class Course:
                 "--CourseDirectory.submitted_directory=grading/submitted",
                 "--CourseDirectory.autograded_directory=grading/autograded",
                 "--CourseDirectory.feedback_directory=grading/feedback",
-                f"--CourseDirectory.db_url={db_url or self.db_url}"]
+                f"--CourseDirectory.db_url={db_url or self.db_url}",
+                # Rubrics sit in mark-scheme regions of locked question cells (not task cells).
+                "--ClearMarkScheme.enforce_metadata=False"]
 
 
 # Release ------------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
+from queue import Empty
 
 import nbformat
 from jupyter_client import AsyncKernelManager
+from jupyter_core.utils import ensure_async
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -31,6 +33,7 @@ class CellResult:
     status: str                    # ok | error | timeout | not_run
     ename: str = ""
     evalue: str = ""
+    student: bool = False          # the error was raised by the student's code
 
 
 @dataclass
@@ -40,6 +43,7 @@ class RunReport:
     integrity: dict | None = None
     kernel_died: bool = False
     seconds: float = 0.0
+    channel_calls: int = 0
 
 
 class _Client(NotebookClient):
@@ -48,10 +52,7 @@ class _Client(NotebookClient):
     output_limit = 2_000_000
 
     def output(self, outs, msg, display_id, cell_index):  # type: ignore[override]
-        content = msg.get("content", {})
-        size = len(content.get("text", "")) + sum(
-            len(str(v)) for v in (content.get("data") or {}).values()) + len(
-            str(content.get("traceback", "")))
+        size = _output_size(msg.get("content", {}))
         self._out_bytes = getattr(self, "_out_bytes", 0) + size
         if self._out_bytes > self.output_limit:
             if not getattr(self, "_truncated", False):
@@ -64,105 +65,263 @@ class _Client(NotebookClient):
         return super().output(outs, msg, display_id, cell_index)
 
 
+def _output_size(content: dict) -> int:
+    """Characters an output message would add to the graded notebook, metadata included
+    (a display's metadata is stored with it, and can be as large as its data)."""
+    return sum(len(str(content.get(key, ""))) for key in
+               ("text", "data", "metadata", "traceback", "ename", "evalue", "transient"))
+
+
+@dataclass
+class Plan:
+    """Where each code cell runs. ``tests``: test cells the trusted runner executes (never
+    the kernel); ``both``: read-only cells, run in the kernel (the student's code uses what
+    they bind) and by the runner (the tests use it); ``guarded``: test cells that run in the
+    kernel behind the testkit's guard (the old design: every test, with ``trusted_tests``
+    False, kept so the tests can show what it fell for; with it True, only cells whose
+    metadata asks for it, see ``autograder.worker.grading_plan``). Every other code cell
+    runs only in the kernel."""
+    trusted_tests: bool = True
+    tests: set[int] = field(default_factory=set)
+    both: set[int] = field(default_factory=set)
+    guarded: set[int] = field(default_factory=set)
+    trusted_cwd: str | None = None
+
+
 def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
                  env: dict[str, str] | None = None, cell_timeout: float = 60,
                  total_timeout: float = 600, guarded: set[int] | None = None,
-                 interrupt_grace: float = 5, startup_timeout: float = 60,
-                 kernel_output=None, after_start=None) -> RunReport:
+                 plan: Plan | None = None, interrupt_grace: float = 5,
+                 startup_timeout: float = 60, kernel_output=None,
+                 after_start=None, before_stop=None) -> RunReport:
     """Execute ``nb`` in place (outputs are stored on its cells) and report per cell.
 
     ``km`` must be an *async* kernel manager: nbclient polls the kernel from an event loop,
-    and a blocking client would hang it for good when the kernel dies.
+    and a blocking client would hang it for good when the kernel dies. ``plan`` says which
+    cells the trusted runner executes (see ``Plan``); without one, every cell runs in the
+    kernel and ``guarded`` cells get the testkit's guard first. ``after_start()`` runs once
+    the kernel is up, ``before_stop(report)`` after the last cell, while it still runs.
     """
-    report = RunReport()
-    guarded = guarded or set()
-    replies: dict[int, dict] = {}
-
-    def on_executed(cell, cell_index, execute_reply):  # nbclient hook
-        replies[cell_index] = execute_reply.get("content", {}) if execute_reply else {}
-
-    client = _Client(
-        nb, km=km, allow_errors=True, timeout=int(cell_timeout), interrupt_on_timeout=True,
-        error_on_timeout={"ename": TIMEOUT_NAME, "evalue": "cell timed out", "traceback": []},
-        startup_timeout=int(startup_timeout), iopub_timeout=2, shutdown_kernel="immediate",
-        record_timing=False, resources={"metadata": {"path": cwd}},
-        on_cell_executed=on_executed)
-    start = time.monotonic()
-    deadline = start + total_timeout
-    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    stop_reason = ""
+    if plan is None:
+        plan = Plan(trusted_tests=False, guarded=set(guarded or ()))
+    run = _Run(nb, km, plan, cwd=cwd, cell_timeout=cell_timeout, total_timeout=total_timeout,
+               interrupt_grace=interrupt_grace, startup_timeout=startup_timeout)
+    kw: dict = {} if env is None else {"env": env}
+    if kernel_output is not None:
+        kw.update(stdout=kernel_output, stderr=kernel_output)
     try:
-        kw: dict = {} if env is None else {"env": env}
-        if kernel_output is not None:
-            kw.update(stdout=kernel_output, stderr=kernel_output)
-        with client.setup_kernel(**kw):
+        with run.client.setup_kernel(**kw):
             # Import the testkit before any submitted code, so it captures clean references.
-            if not _probe(client, ARM, timeout=startup_timeout):
-                report.events.append("the grading helpers failed to load in the kernel")
+            if not _probe(run.client, ARM, timeout=startup_timeout):
+                run.report.events.append("the grading helpers failed to load in the kernel")
             if after_start is not None:
                 after_start()
-            for index in code_cells:
-                cell = nb.cells[index]
-                label = _label(cell, index)
-                if stop_reason:
-                    report.cells[index] = CellResult("not_run", evalue=stop_reason)
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 1:
-                    stop_reason = (f"the notebook ran past its {total_timeout:.0f} s "
-                                   "wall-clock limit")
-                    report.events.append(stop_reason)
-                    report.cells[index] = CellResult("not_run", evalue=stop_reason)
-                    continue
-                client.timeout = max(1, int(min(cell_timeout, remaining)))
-                original = cell.source
-                if index in guarded:
-                    cell.source = GUARD + original
-                try:
-                    client.execute_cell(cell, index)
-                except DeadKernelError:
-                    report.kernel_died = True
-                    stop_reason = f"the kernel died while running {label}"
-                    report.events.append(stop_reason + " (exit, crash or resource limit)")
-                    report.cells[index] = CellResult("error", "KernelDied", stop_reason)
-                    continue
-                except CellTimeoutError:
-                    replies[index] = {"status": "error", "ename": TIMEOUT_NAME}
-                finally:
-                    cell.source = original
-                result = _result(replies.get(index), cell)
-                report.cells[index] = result
-                if result.status == "timeout":
-                    msg = f"{label} ran longer than {client.timeout} s and was interrupted"
-                    if not _probe(client, "pass", timeout=interrupt_grace):
-                        stop_reason = (f"{label} ran longer than {client.timeout} s and "
-                                       "ignored the interrupt; the kernel was stopped")
-                        report.events.append(stop_reason)
-                        _kill(client)
-                        report.kernel_died = True
-                    else:
-                        report.events.append(msg)
-            if not stop_reason:
-                client._out_bytes = -10 * client.output_limit  # the report must get out
-                nonce = secrets.token_hex(8)
-                probe = nbformat.v4.new_code_cell(
-                    f"__import__('autograder.testkit').testkit._integrity_report({nonce!r})")
-                if _probe(client, probe, timeout=30):
-                    report.integrity = _parse_integrity(probe, nonce)
+            for index in run.code_cells:
+                run.step(index)
+            run.integrity()
+            if before_stop is not None:
+                before_stop(run.report)
     except DeadKernelError:
-        report.kernel_died = True
-        report.events.append("the kernel died")
+        run.report.kernel_died = True
+        run.report.events.append("the kernel died")
     except RuntimeError as e:  # kernel failed to start, typically
-        report.events.append(f"kernel error: {e}")
-        report.kernel_died = True
+        run.report.events.append(f"kernel error: {e}")
+        run.report.kernel_died = True
     finally:
-        for index in code_cells:
-            report.cells.setdefault(index, CellResult("not_run", evalue=stop_reason or
-                                                      "not run"))
-        if getattr(client, "_truncated", False):
-            report.events.append(f"output over {client.output_limit // 10**6} MB was discarded")
-        report.seconds = time.monotonic() - start
-    return report
+        run.finish()
+    return run.report
+
+
+class _Run:
+    """One notebook's execution: the kernel client, the trusted runner and the report."""
+
+    def __init__(self, nb, km, plan: Plan, *, cwd: str, cell_timeout: float,
+                 total_timeout: float, interrupt_grace: float, startup_timeout: float):
+        self.nb, self.plan, self.report = nb, plan, RunReport()
+        self.cell_timeout, self.total_timeout = cell_timeout, total_timeout
+        self.interrupt_grace = interrupt_grace
+        self.replies: dict[int, dict] = {}
+        self.client = _Client(
+            nb, km=km, allow_errors=True, timeout=int(cell_timeout), interrupt_on_timeout=True,
+            error_on_timeout={"ename": TIMEOUT_NAME, "evalue": "cell timed out",
+                              "traceback": []},
+            startup_timeout=int(startup_timeout), iopub_timeout=2,
+            shutdown_kernel="immediate", record_timing=False,
+            resources={"metadata": {"path": cwd}}, on_cell_executed=self._on_executed)
+        self.start = time.monotonic()
+        self.deadline = self.start + total_timeout
+        self.code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        self.stop_reason = ""
+        self.tests = None
+        if plan.trusted_tests:
+            from .trusted import TrustedRunner
+            self.tests = TrustedRunner(self._exchange, cwd=plan.trusted_cwd or cwd)
+        self._serving: str | None = None   # msg_id of the kernel's serving loop, if running
+
+    def _on_executed(self, cell, cell_index, execute_reply):  # nbclient hook
+        self.replies[cell_index] = execute_reply.get("content", {}) if execute_reply else {}
+
+    def step(self, index: int) -> None:
+        cell = self.nb.cells[index]
+        if self.stop_reason:
+            self.report.cells[index] = CellResult("not_run", evalue=self.stop_reason)
+            return
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 1:
+            self.stop_reason = (f"the notebook ran past its {self.total_timeout:.0f} s "
+                                "wall-clock limit")
+            self.report.events.append(self.stop_reason)
+            self.report.cells[index] = CellResult("not_run", evalue=self.stop_reason)
+            return
+        timeout = max(1, int(min(self.cell_timeout, remaining)))
+        if self.tests is not None and index in self.plan.tests:
+            self._trusted(index, cell, timeout)
+            return
+        result = self._in_kernel(index, cell, timeout)
+        if self.tests is None:
+            return
+        if index in self.plan.both and result.status == "ok":
+            problem = self.tests.run_setup(cell, _label(cell, index))
+            if problem:
+                self.report.events.append(problem)
+        elif index not in self.plan.both:
+            self.tests.student_cell_ran()
+
+    def _trusted(self, index: int, cell, timeout: int) -> None:
+        result = self.tests.run_test(cell, _label(cell, index), timeout)
+        self.report.cells[index] = result
+        if result.status == "kernel_lost":
+            self.report.cells[index] = CellResult("error", "KernelDied", result.evalue)
+            self._kernel_gone(f"the kernel stopped while {_label(cell, index)} called it: "
+                              f"{result.evalue}")
+        elif result.status == "timeout":
+            self.report.events.append(f"{_label(cell, index)}: your code ran longer than "
+                                      f"{timeout} s when the test called it and was interrupted")
+
+    def _kernel_gone(self, reason: str) -> None:
+        self.stop_reason = reason
+        self.report.events.append(reason)
+        self.report.kernel_died = True
+        _kill(self.client)
+
+    def _in_kernel(self, index: int, cell, timeout: int) -> CellResult:
+        client, label = self.client, _label(cell, index)
+        client.timeout = timeout
+        original = cell.source
+        if index in self.plan.guarded:
+            cell.source = GUARD + original
+        try:
+            client.execute_cell(cell, index)
+        except DeadKernelError:
+            self.report.kernel_died = True
+            self.stop_reason = f"the kernel died while running {label}"
+            self.report.events.append(self.stop_reason + " (exit, crash or resource limit)")
+            result = self.report.cells[index] = CellResult("error", "KernelDied",
+                                                           self.stop_reason)
+            return result
+        except CellTimeoutError:
+            self.replies[index] = {"status": "error", "ename": TIMEOUT_NAME}
+        finally:
+            cell.source = original
+        result = self.report.cells[index] = _result(self.replies.get(index), cell)
+        if result.status == "timeout":
+            if not _probe(client, "pass", timeout=self.interrupt_grace):
+                self.stop_reason = (f"{label} ran longer than {client.timeout} s and ignored "
+                                    "the interrupt; the kernel was stopped")
+                self.report.events.append(self.stop_reason)
+                _kill(client)
+                self.report.kernel_died = True
+            else:
+                self.report.events.append(f"{label} ran longer than {client.timeout} s and "
+                                          "was interrupted")
+        return result
+
+    def _exchange(self, request: str | None, timeout: float) -> str | None:
+        """The trusted runner's channel: one request to the kernel's serving loop, and its
+        reply (None ends the loop). See autograder.channel for the protocol."""
+        from jupyter_core.utils import run_sync
+        return run_sync(self._async_exchange)(request, timeout)
+
+    async def _async_exchange(self, request: str | None, timeout: float) -> str | None:
+        from .channel import AGENT, KernelLost, StudentTimeout
+        kc, km = self.client.kc, self.client.km
+        if request is None:
+            if self._serving is not None:
+                kc.input("done")
+                msg_id, self._serving = self._serving, None
+                await _await_reply(kc, km, msg_id, timeout)
+            return None
+        if self._serving is None:
+            self._serving = kc.execute(AGENT, silent=True, store_history=False,
+                                       allow_stdin=True)
+            if await self._next_prompt(timeout) is None:
+                raise KernelLost("the kernel did not start answering the tests")
+        kc.input(request)
+        reply = await self._next_prompt(timeout)
+        if reply is not None:
+            return reply
+        msg_id, self._serving = self._serving, None
+        await ensure_async(km.interrupt_kernel())
+        if await _await_reply(kc, km, msg_id, self.interrupt_grace) is None:
+            raise KernelLost("it ignored the interrupt after the time ran out")
+        raise StudentTimeout("your code ran out of time and was interrupted")
+
+    async def _next_prompt(self, timeout: float) -> str | None:
+        """The next input request's prompt (the kernel's reply); None when the time ran out
+        or the serving loop ended (the student's code replaced it, or it raised)."""
+        from .channel import KernelLost
+        kc, km = self.client.kc, self.client.km
+        end = time.monotonic() + timeout
+        while (left := end - time.monotonic()) > 0:
+            try:
+                msg = await ensure_async(kc.stdin_channel.get_msg(timeout=min(left, 1.0)))
+            except Empty:
+                if not await ensure_async(km.is_alive()):
+                    raise KernelLost("the kernel died") from None
+                continue
+            if msg["header"].get("msg_type") == "input_request":
+                return str(msg["content"].get("prompt", ""))
+        return None
+
+    def integrity(self) -> None:
+        if self.stop_reason:
+            return
+        client = self.client
+        client._out_bytes = -10 * client.output_limit  # the report must get out
+        nonce = secrets.token_hex(8)
+        probe = nbformat.v4.new_code_cell(
+            f"__import__('autograder.testkit').testkit._integrity_report({nonce!r})")
+        if _probe(client, probe, timeout=30):
+            self.report.integrity = _parse_integrity(probe, nonce)
+
+    def finish(self) -> None:
+        for index in self.code_cells:
+            self.report.cells.setdefault(index, CellResult("not_run", evalue=self.stop_reason
+                                                           or "not run"))
+        if getattr(self.client, "_truncated", False):
+            self.report.events.append(
+                f"output over {self.client.output_limit // 10**6} MB was discarded")
+        if self.tests is not None:
+            self.report.channel_calls = self.tests.channel.calls
+        self.report.seconds = time.monotonic() - self.start
+
+
+async def _await_reply(kc, km, msg_id: str, timeout: float) -> dict | None:
+    """The shell reply to ``msg_id`` within ``timeout`` s; None if none came in time."""
+    from .channel import KernelLost
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        try:
+            msg = await ensure_async(kc.shell_channel.get_msg(timeout=min(left, 1.0)))
+        except Empty:
+            if not await ensure_async(km.is_alive()):
+                raise KernelLost("the kernel died") from None
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg["content"]
 
 
 def _label(cell: nbformat.NotebookNode, index: int) -> str:

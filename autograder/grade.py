@@ -25,6 +25,9 @@ from .sandbox import sandbox_available
 from .worker import Job
 
 KEEP_BACKUPS = 30
+# The worker runs the tests (trusted side) as the kernel runs the answers: on the CPU, one
+# thread each, so references and answers are computed alike and workers do not oversubscribe.
+WORKER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TINYSERVE_DEVICE": "cpu"}
 
 
 def backup_gradebook(course: Course) -> Path | None:
@@ -55,8 +58,13 @@ def submitted_students(course: Course, assignment: str) -> list[str]:
 def autograde(course: Course, assignment: str, *, students: list[str] | None = None,
               workers: int | None = None, unsafe: bool = False, cell_timeout: float = 60,
               total_timeout: float = 600, limits: dict | None = None,
-              progress: bool = True, record: bool = True) -> list[dict]:
-    """Grade every collected submission of ``assignment``; return the result records."""
+              progress: bool = True, record: bool = True,
+              tests_in: str = "trusted") -> list[dict]:
+    """Grade every collected submission of ``assignment``; return the result records.
+
+    ``tests_in="kernel"`` runs the test cells in the student's kernel, the design this
+    grader replaced; only the tests use it, to show which attacks that design fell for.
+    """
     course.check_assignment(assignment)
     if not unsafe:
         ok, why = sandbox_available()
@@ -72,7 +80,7 @@ def autograde(course: Course, assignment: str, *, students: list[str] | None = N
     workers = max(1, workers or os.cpu_count() or 1)
     jobs = [Job(root=str(course.root), assignment=assignment, student=s,
                 unsafe=unsafe, cell_timeout=cell_timeout, total_timeout=total_timeout,
-                **({"limits": limits} if limits else {})) for s in students]
+                tests_in=tests_in, **({"limits": limits} if limits else {})) for s in students]
     with coordinator_lock(course):
         if record:
             ensure_in_gradebook(course, assignment)
@@ -119,7 +127,7 @@ def run_jobs(jobs: list[Job], workers: int, *, progress: bool = True,
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "autograder.worker", str(job_path), str(out_path)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True)
+                    start_new_session=True, env=WORKER_ENV)
                 # The worker enforces the notebook limit itself; this is the backstop.
                 deadline = time.monotonic() + job.total_timeout + 120
                 running[i] = (proc, job, out_path, deadline, job.slot)

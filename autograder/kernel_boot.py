@@ -4,8 +4,9 @@ Runs before any submitted code. The audit hook is CPython's (PEP 578): once inst
 cannot be removed, so every file a submission opens, every process it tries to start and
 every connection it tries to make is seen. Process creation is refused outright (a fork bomb
 gets a PermissionError, not a fork); file opens outside the allowed roots and network attempts
-are recorded in the audit log, which the grader reads after the kernel stops and turns into a
-review flag.
+are recorded through a pipe to the launcher outside the sandbox (autograder.sandbox.launch),
+which writes the audit log the grader reads after the kernel stops and turns into review
+flags.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ _MAX_RECORDS = 200
 
 def _set_limits(limits: dict) -> None:
     mb = 1024 * 1024
-    for res, value in (  # (scratch_mb is the tmpfs size, applied by bwrap)(resource.RLIMIT_AS, limits["memory_mb"] * mb),
+    # (scratch_mb is the tmpfs size, applied by bwrap)
+    for res, value in ((resource.RLIMIT_AS, limits["memory_mb"] * mb),
                        (resource.RLIMIT_NPROC, limits["processes"]),
                        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb),
                        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
@@ -121,11 +123,16 @@ def main() -> None:
     allowed += [home, os.path.join(run_dir, "ipc"), os.path.join(run_dir, "kernel.json"),
                 "/tmp", "/dev", "/proc", "/sys", "/etc/ld.so.cache", "/etc/localtime",
                 "/usr", "/lib", "/lib64", "/bin"]
-    log_path = os.path.join(run_dir, "audit.log")
-    # Still root here (inside the sandbox, with no capability but setuid/setgid): open the
-    # root-owned log and copy the released data files into the tmpfs home, then drop.
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    log_path = os.path.join(os.path.dirname(run_dir), "audit.log")  # not even mounted here
+    # The write end of the launcher's pipe (autograder.sandbox.launch): records go out of
+    # the sandbox as they happen, and nothing in here can take one back.
+    log_fd = int(os.environ.pop("AUTOGRADER_AUDIT_FD"))
+    # Still root here (inside the sandbox, with no capability but setuid/setgid): copy the
+    # released data files into the tmpfs home, then drop.
     shutil.copytree(os.path.join(run_dir, "support"), home, dirs_exist_ok=True)
+    # copytree copied support/'s mode (root's 0755) onto home: give the tmpfs back its
+    # sticky, world-writable mode, or the submission could not write a file in its folder.
+    os.chmod(home, 0o1777)
     _set_limits(spec["limits"])
     if spec.get("isolate", True):
         _drop_privileges(spec["uid"])

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import csv
 import html
+import re
 from pathlib import Path
 
 from .course import Course
 from .grade import load_results
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 EXPORT_COLUMNS = ["student", "assignment", "score", "max_score", "status", "reason"]
 
 
@@ -69,13 +71,19 @@ def export(course: Course, assignments: list[str], out: Path) -> int:
                 reason = "; ".join(x for x in (f"{s['pending']} answer(s) await manual "
                                                "grading", reason) if x)
             rows.append([student, assignment, _num(score), _num(max_score), r["status"],
-                         reason])
+                         clean(reason)])
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
+    with open(out, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(EXPORT_COLUMNS)
-        w.writerows(rows)
+        w.writerows([[clean(x) if isinstance(x, str) else x for x in row] for row in rows])
     return len(rows)
+
+
+def clean(text: object) -> str:
+    """Text that can be written as UTF-8: a lone surrogate (a student-controlled grade id or
+    message can hold one) becomes U+FFFD instead of failing the whole export or page."""
+    return _SURROGATE.sub("\ufffd", str(text))
 
 
 def _num(x) -> float | str:
@@ -95,7 +103,7 @@ def feedback(course: Course, assignment: str, students: list[str] | None = None)
         for nb_name, nb in r.get("notebooks", {}).items():
             page = render(student, assignment, nb_name, r, nb, scores.get(student, {}))
             path = folder / f"{nb_name}.html"
-            path.write_text(page)
+            path.write_text(clean(page), encoding="utf-8")
             written.append(path)
     return written
 
@@ -123,16 +131,21 @@ def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: d
                     f"<td>{_num(points)} / {_num(t['max_points'])}</td><td>{result}</td>"
                     f"<td>{e(msg)}</td></tr>")
     notes = [n for n in r.get("reasons", []) if not n.startswith("kernel log")]
+    pending = sum(t["max_points"] for t in nb.get("tests", []) if t["kind"] == "manual"
+                  and t["needs_manual_grade"] and not cells.get(t["grade_id"], {}).get("manual"))
+    provisional = (f" (provisional: answers awaiting manual grading: {_num(pending):g} "
+                   f"point{'s' if pending != 1 else ''})" if pending else "")
+    title = assignment if nb_name == assignment else f"{assignment} / {nb_name}"
     status = {"graded": "Graded", "flagged": "Held for review by your instructor",
               "failed": "Could not be graded"}[r["status"]]
     return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>{e(assignment)}: {e(student)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{e(title)}: {e(student)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
 td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}}
 .pass td:nth-child(4){{color:#080}} .fail td:nth-child(4){{color:#b00}}</style></head><body>
-<h1>{e(assignment)} / {e(nb_name)}</h1>
+<h1>{e(title)}</h1>
 <p>Student: <b>{e(student)}</b>. Status: <b>{e(status)}</b>.
-Score: <b>{_num(total)} / {_num(max_total)}</b>.</p>
+Score: <b>{_num(total)} / {_num(max_total)}</b>{e(provisional)}.</p>
 {"<p>Notes: " + e("; ".join(notes)) + "</p>" if notes else ""}
 <table><tr><th>Test</th><th>Kind</th><th>Points</th><th>Result</th><th>Message</th></tr>
 {chr(10).join(rows)}

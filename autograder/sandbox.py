@@ -63,7 +63,9 @@ class SandboxSpec:
 
     @property
     def audit_log(self) -> str:
-        return os.path.join(self.run_dir, "audit.log")
+        """Outside the run folder, so not even mounted in the sandbox: the kernel writes its
+        records into a pipe, and only the launcher (outside) writes this file."""
+        return os.path.join(os.path.dirname(self.run_dir), "audit.log")
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -176,7 +178,7 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
 def kernel_env(spec: SandboxSpec) -> dict[str, str]:
     """The whole environment the kernel sees (nothing of the grader's leaks in)."""
     return {
-        "PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{Path(sandbox_python()).parent}:/usr/local/bin:/usr/bin:/bin",
         "HOME": spec.home, "TMPDIR": "/tmp", "LANG": "C.UTF-8",
         "IPYTHONDIR": "/tmp/.ipython", "MPLCONFIGDIR": "/tmp/.mpl", "MPLBACKEND": "Agg",
         "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": "/tmp/.jupyter",
@@ -192,7 +194,7 @@ def write_kernelspec(folder: Path) -> Path:
     spec_dir = folder / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "autograder.sandbox", "{connection_file}"],
+        "argv": [sandbox_python(), "-m", "autograder.sandbox", "{connection_file}"],
         "display_name": "tinyserve grading sandbox",
         "language": "python",
         # Signals cannot cross into bwrap's PID namespace reliably; ask ipykernel by message.
@@ -223,18 +225,95 @@ def lock_ipc(spec: SandboxSpec) -> None:
         os.chmod(spec.ipc, 0o755)
 
 
+AUDIT_FD_ENV = "AUTOGRADER_AUDIT_FD"
+MAX_AUDIT_BYTES = 1 << 20
+
+
 def launch(connection_file: str) -> None:
-    """Kernelspec entry point (host side): exec into bwrap, or straight into kernel_boot."""
+    """Kernelspec entry point (host side): run the kernel in bwrap (or, with --unsafe,
+    straight), and copy its audit records from a pipe into the audit log until it ends.
+
+    The kernel holds only the pipe's write end: it can add records (a forged one only flags
+    itself) but never erase one, and closing the pipe early is itself recorded. This
+    process stays the kernel's parent, so the kernel dies with it (bwrap's
+    --die-with-parent, or PR_SET_PDEATHSIG without bwrap), and it dies with the grader.
+    """
     spec = SandboxSpec.from_env(os.environ["AUTOGRADER_SANDBOX"])
-    inner = [sys.executable, "-m", "autograder.kernel_boot", "-f", connection_file]
-    env = kernel_env(spec)
+    _die_with_parent()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - replaced by exec
+        os.close(read_end)
+        os.set_inheritable(write_end, True)
+        _die_with_parent()
+        _exec_kernel(spec, connection_file, write_end)
+    os.close(write_end)
+    _copy_audit(read_end, spec.audit_log, pid)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def sandbox_python() -> str:
+    """The interpreter to run inside the sandbox. The mounts are the *resolved* paths of the
+    venv, so a venv reached through a symlinked folder must be named by its resolved folder;
+    the interpreter itself stays the venv's link (resolving it would leave the venv)."""
+    exe = Path(sys.executable)
+    return str(exe.parent.resolve() / exe.name)
+
+
+def _exec_kernel(spec: SandboxSpec, connection_file: str, audit_fd: int) -> None:
+    inner = [sandbox_python(), "-m", "autograder.kernel_boot", "-f", connection_file]
+    env = {**kernel_env(spec), AUDIT_FD_ENV: str(audit_fd)}
     if not spec.isolate:
         os.chdir(spec.home)
-        os.execve(sys.executable, inner, {**env, "AUTOGRADER_UNSAFE": "1"})
+        os.execve(inner[0], inner, {**env, "AUTOGRADER_UNSAFE": "1"})
     if os.getuid() == 0:
         os.chown(connection_file, spec.uid, spec.uid)  # jupyter_client writes it 0600 as root
     argv = bwrap_argv(spec, inner)
     os.execve(argv[0], argv, env)
+
+
+def _copy_audit(fd: int, path: str, kernel_pid: int) -> None:
+    written = 0
+    with open(path, "ab") as log:
+        while chunk := os.read(fd, 65536):
+            if written < MAX_AUDIT_BYTES:
+                log.write(chunk[:MAX_AUDIT_BYTES - written])
+                log.flush()
+            written += len(chunk)
+        if os.waitpid(kernel_pid, os.WNOHANG) == (0, 0):
+            log.write(b'{"event": "tamper", "detail": "the audit pipe was closed while the '
+                      b'kernel ran"}\n')
+    os.close(fd)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def sandbox_processes(uid: int, marker: str) -> list[str]:
+    """Command lines of the processes in one sandbox: those running as ``uid`` in the PID
+    namespace of the process whose command line holds ``marker`` (its run folder). Other
+    graders on the host may use the same uid; they live in other namespaces."""
+    procs = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            uid_line = next(x for x in status.read_text().splitlines() if x.startswith("Uid:"))
+            if int(uid_line.split()[1]) != uid:
+                continue
+            cmd = (status.parent / "cmdline").read_bytes().replace(b"\0", b" ")
+            procs.append((cmd.decode(errors="replace")[:200],
+                          os.readlink(status.parent / "ns" / "pid")))
+        except (OSError, ValueError, IndexError, StopIteration):
+            continue
+    namespaces = {ns for cmd, ns in procs if marker in cmd}
+    return [cmd for cmd, ns in procs if ns in namespaces]
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import nbformat
 from nbformat import NotebookNode
 
 MAX_NOTEBOOK_MB = 20
+CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 class Unreadable(Exception):
@@ -78,6 +80,7 @@ def load(path: Path) -> tuple[NotebookNode, list[str]]:
         notes.append(f"notebook schema version {version[0]}.{version[1]} is not 4.x; "
                      "read as 4.5")
     cells = []
+    repaired_ids = 0
     for i, raw_cell in enumerate(data["cells"]):
         if not isinstance(raw_cell, dict) or raw_cell.get("cell_type") not in (
                 "code", "markdown", "raw"):
@@ -96,9 +99,18 @@ def load(path: Path) -> tuple[NotebookNode, list[str]]:
         else:
             cell = nbformat.v4.new_raw_cell(source)
         cell.metadata = nbformat.from_dict(_plain(meta))
-        if isinstance(raw_cell.get("id"), str):
-            cell.id = raw_cell["id"][:64] or cell.id
+        cell_id = raw_cell.get("id")
+        if isinstance(cell_id, str) and CELL_ID.match(cell_id):
+            cell.id = cell_id
+        elif cell_id is not None:
+            # nbformat allows letters, digits, - and _ (1-64 of them); any other id (a path,
+            # a space, a lone surrogate) would fail validation when the graded copy is
+            # written, so the cell gets a fresh id, and grading goes on.
+            repaired_ids += 1
         cells.append(cell)
+    if repaired_ids:
+        notes.append(f"replaced {repaired_ids} cell id(s) that nbformat does not allow "
+                     "(letters, digits, - and _ only)")
     nb = nbformat.v4.new_notebook(cells=cells)
     return nb, notes
 
@@ -119,36 +131,54 @@ def _plain(value: object, depth: int = 0) -> object:
 def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) -> Merged:
     """The notebook to grade: template's tests and locked cells, the student's answers."""
     out = Merged(nb=copy.deepcopy(template))
+    found = _match(template, student)
+    cells, placed, edited = _substitute(template, release, student, found.matched, out)
+    restored = _restore(template, cells, placed)
+    out.nb.cells = cells
+    out.notes.extend(_notes(restored, edited, found))
+    return out
+
+
+@dataclass
+class _Matches:
+    matched: dict[int, int] = field(default_factory=dict)   # student index -> template index
+    duplicates: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    rewired: list[str] = field(default_factory=list)
+
+
+def _match(template: NotebookNode, student: NotebookNode) -> _Matches:
+    """Student cells to template cells: by grade_id, else by the nbformat cell id (survives
+    wiped metadata). Later duplicates of a grade_id become plain cells."""
     tmpl_cells = template.cells
     tmpl_ids = {grade_id(c): i for i, c in enumerate(tmpl_cells) if grade_id(c)}
-    release_src = {grade_id(c): c.source for c in release.cells if grade_id(c)}
     by_cell_id = {c.get("id"): i for i, c in enumerate(tmpl_cells) if c.get("id")}
-
-    # 1. Match student cells to template cells: by grade_id, else by the nbformat cell id
-    #    (survives wiped metadata). Later duplicates of a grade_id become plain cells.
-    matched: dict[int, int] = {}        # student index -> template index
-    taken: set[int] = set()
-    duplicates, unknown, rewired = [], [], []
+    found, taken = _Matches(), set()
     for si, cell in enumerate(student.cells):
         gid = grade_id(cell)
         ti = None
         if gid is not None:
             if gid not in tmpl_ids:
-                unknown.append(gid)
+                found.unknown.append(gid)
             elif tmpl_ids[gid] in taken:
-                duplicates.append(gid)
+                found.duplicates.append(gid)
             else:
                 ti = tmpl_ids[gid]
         elif cell.get("id") in by_cell_id and grade_id(tmpl_cells[by_cell_id[cell.get("id")]]):
             cand = by_cell_id[cell.get("id")]
             if cand not in taken and tmpl_cells[cand].cell_type == cell.cell_type:
                 ti = cand
-                rewired.append(grade_id(tmpl_cells[cand]))
+                found.rewired.append(grade_id(tmpl_cells[cand]))
         if ti is not None:
-            matched[si] = ti
+            found.matched[si] = ti
             taken.add(ti)
+    return found
 
-    # 2. Walk the student's order, substituting trusted cells.
+
+def _substitute(template, release, student, matched: dict[int, int], out: Merged):
+    """Walk the student's order, putting the template's (trusted) cell where one matched and
+    the student's source only into answer cells; returns (cells, placed, edited ids)."""
+    release_src = {grade_id(c): c.source for c in release.cells if grade_id(c)}
     cells: list[NotebookNode] = []
     placed: dict[int, int] = {}         # template index -> position in cells
     edited: list[str] = []
@@ -161,7 +191,7 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
             if plain.cell_type == "code" and plain.source.strip():
                 out.student_cells.append((f"cell {si}", plain.source))
             continue
-        tcell = copy.deepcopy(tmpl_cells[ti])
+        tcell = copy.deepcopy(template.cells[ti])
         gid = grade_id(tcell)
         if is_answer(tcell):
             tcell.source = cell.source
@@ -172,10 +202,13 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
             edited.append(gid)
         placed[ti] = len(cells)
         cells.append(tcell)
+    return cells, placed, edited
 
-    # 3. Restore graded cells the student deleted, right after their template predecessor.
+
+def _restore(template: NotebookNode, cells: list, placed: dict[int, int]) -> list[str]:
+    """Put back graded cells the student deleted, right after their template predecessor."""
     restored = []
-    for ti, tcell in enumerate(tmpl_cells):
+    for ti, tcell in enumerate(template.cells):
         gid = grade_id(tcell)
         if not gid or ti in placed:
             continue
@@ -187,20 +220,23 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
         cells.insert(pos, copy.deepcopy(tcell))
         placed[ti] = pos
         restored.append(gid)
+    return restored
 
-    out.nb.cells = cells
+
+def _notes(restored: list[str], edited: list[str], found: _Matches) -> list[str]:
+    notes = []
     if restored:
-        out.notes.append("restored deleted cells: " + ", ".join(restored))
+        notes.append("restored deleted cells: " + ", ".join(restored))
     if edited:
-        out.notes.append("edited read-only cells replaced by the originals: " + ", ".join(edited))
-    if duplicates:
-        out.notes.append("duplicate cell ids (later copies graded as plain code): "
-                         + ", ".join(sorted(set(duplicates))))
-    if unknown:
-        out.notes.append("unknown nbgrader cell ids ignored: " + ", ".join(sorted(set(unknown))))
-    if rewired:
-        out.notes.append("restored wiped grading metadata of: " + ", ".join(rewired))
-    return out
+        notes.append("edited read-only cells replaced by the originals: " + ", ".join(edited))
+    if found.duplicates:
+        notes.append("duplicate cell ids (later copies graded as plain code): "
+                     + ", ".join(sorted(set(found.duplicates))))
+    if found.unknown:
+        notes.append("unknown nbgrader cell ids ignored: " + ", ".join(sorted(set(found.unknown))))
+    if found.rewired:
+        notes.append("restored wiped grading metadata of: " + ", ".join(found.rewired))
+    return notes
 
 
 def _first_graded_position(placed: dict[int, int]) -> int:

@@ -159,6 +159,15 @@ def _integrity_report(nonce: str) -> None:
     print("AUTOGRADER-INTEGRITY " + json.dumps(report), flush=True)
 
 
+def _name_of(value: object) -> str:
+    """The type to name in a message; for a value that stayed in the student's kernel (a
+    handle of the trusted runner), the student's own type, said to be not plain data."""
+    kind = _type(value)
+    if _getattr(kind, "_autograder_remote", False) is True:
+        return f"{object.__getattribute__(value, '_type')} (not a plain value)"
+    return kind.__name__
+
+
 def _fail(name: str, message: str) -> None:
     _STATS["failed"] += 1
     raise _AssertionError(f"[{name}] {message}")
@@ -174,21 +183,31 @@ def _as_number(name: str, got: object) -> float:
     if _type(got) is bool or _type(got) not in _NUMBER_TYPES:
         if _type(got).__module__ == "numpy" and _type(got).__name__.startswith(("float", "int")):
             return _float(got.item())  # numpy scalar: convert through its own item()
-        _fail(name, f"expected a number (int or float), got {_type(got).__name__}")
+        _fail(name, f"expected a number (int or float), got {_name_of(got)}")
     value = _float(got)
     if not _isfinite(value):
         _fail(name, f"expected a finite number, got {value!r}")
     return value
 
 
+def _fmt(x: float, unit: str = "") -> str:
+    """One number format for every message: whole numbers with thousands separators
+    (536,870,912), others to 6 significant digits, then the unit if one was given."""
+    if _isfinite(x) and x == int(x) and -1e18 < x < 1e18:
+        text = f"{int(x):,}"
+    else:
+        text = f"{x:,.6g}"
+    return f"{text} {unit}" if unit else text
+
+
 def check_close(got: object, expected: float, *, name: str, rel: float = 1e-6,
                 abs: float = 0.0, hint: str | None = None,
-                mistakes: dict[float, str] | None = None) -> None:
+                mistakes: dict[float, str] | None = None, unit: str = "") -> None:
     """Check a numeric answer within a relative/absolute tolerance.
 
     ``mistakes`` maps the value a known wrong method produces to a message naming that
     mistake (e.g. query heads used instead of KV heads); a match is reported instead of the
-    generic message.
+    generic message. ``unit`` ("bytes", "s") is printed after every number.
     """
     _begin()
     value = _as_number(name, got)
@@ -196,9 +215,10 @@ def check_close(got: object, expected: float, *, name: str, rel: float = 1e-6,
         return
     for wrong, why in (mistakes or {}).items():
         if _isclose(value, wrong, rel_tol=max(rel, 1e-9), abs_tol=abs):
-            _fail(name, f"got {value:,.6g}: {why}")
+            _fail(name, f"got {_fmt(value, unit)}: {why}")
     extra = f" Hint: {hint}" if hint else ""
-    _fail(name, f"expected {expected:,.6g} (tolerance rel={rel:g}, abs={abs:g}), got {value:,.6g}.{extra}")
+    _fail(name, f"expected {_fmt(expected, unit)} (tolerance rel={rel:g}, abs={abs:g}), "
+                f"got {_fmt(value, unit)}.{extra}")
 
 
 def check_equal(got: object, expected: object, *, name: str, hint: str | None = None) -> None:
@@ -210,7 +230,7 @@ def check_equal(got: object, expected: object, *, name: str, hint: str | None = 
 def _check_equal(got: object, expected: object, *, name: str, hint: str | None) -> None:
     # Compare the *expected* value's type first, so a student object's __eq__ is never called.
     if _type(got) is not _type(expected):
-        _fail(name, f"expected a {_type(expected).__name__}, got {_type(got).__name__}")
+        _fail(name, f"expected a {_type(expected).__name__}, got {_name_of(got)}")
     if _isinstance(expected, (list, tuple)):
         if _len(got) != _len(expected):  # type: ignore[arg-type]
             _fail(name, f"expected {_len(expected)} items, got {_len(got)}")  # type: ignore[arg-type]

@@ -20,9 +20,9 @@ from pathlib import Path
 import nbformat
 
 from .course import Course, grader_template, write_json
-from .execute import RunReport, run_notebook
+from .execute import Plan, RunReport, run_notebook
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
-    write_kernelspec
+    sandbox_processes, write_kernelspec
 from .scan import names_bound, scan_cell
 from .submission import Unreadable, grade_id, is_test, load, merge, nbgrader_meta
 
@@ -37,6 +37,9 @@ class Job:
     cell_timeout: float = 60
     total_timeout: float = 600
     limits: dict = field(default_factory=lambda: asdict(Limits()))
+    # "trusted": test cells run in the trusted runner (the grading path); "kernel": the old
+    # in-kernel design, kept only so the tests can show which attacks it fell for.
+    tests_in: str = "trusted"
 
 
 def grade(job: Job) -> dict:
@@ -183,10 +186,12 @@ def failure_message(r) -> str:
         return "timed out (an answer cell may loop forever)"
     if r.status == "not_run":
         return f"not run: {r.evalue}"
-    if r.ename == "AssertionError":
-        return r.evalue
     if r.ename == "NotImplementedError":
         return "not answered yet (the answer cell still raises NotImplementedError)"
+    if r.ename == "NotAnswered" and not r.student:
+        return f"not answered yet: {r.evalue}"
+    if r.ename == "AssertionError" and not r.student:
+        return r.evalue
     return f"your code raised {r.ename}: {r.evalue[:300]}"
 
 
@@ -243,13 +248,16 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
                            connection_file=str(Path(spec.run_dir) / "kernel.json"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}
         env["AUTOGRADER_SANDBOX"] = spec.to_env()
-        guarded = {i for i, c in enumerate(nb.cells) if is_test(c)}
+        plan = grading_plan(nb, trusted=job.tests_in == "trusted",
+                            trusted_cwd=str(trusted_folder(course, job, scratch)))
         with open(scratch / "kernel.log", "wb") as log:
             report = run_notebook(nb, km, cwd=str(home), env=env,
                                   cell_timeout=job.cell_timeout,
-                                  total_timeout=job.total_timeout, guarded=guarded,
-                                  kernel_output=log, after_start=lambda: lock_ipc(spec))
-        report.audit = read_audit(Path(spec.audit_log))  # type: ignore[attr-defined]
+                                  total_timeout=job.total_timeout, plan=plan,
+                                  kernel_output=log, after_start=lambda: lock_ipc(spec),
+                                  before_stop=lambda r: _count_processes(r, spec))
+        report.audit = read_audit(Path(spec.audit_log)) + getattr(  # type: ignore[attr-defined]
+            report, "process_events", [])
         if report.kernel_died and not any(r.status != "not_run" for r in report.cells.values()):
             tail = (scratch / "kernel.log").read_text(errors="replace").strip()[-600:]
             if tail:
@@ -257,6 +265,62 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
         return report
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def grading_plan(nb: nbformat.NotebookNode, *, trusted: bool = True,
+                 trusted_cwd: str | None = None) -> Plan:
+    """Test cells to the trusted runner; read-only code cells to both sides.
+
+    A test cell whose metadata says ``"autograder": {"tests_in": "kernel"}`` runs in the
+    kernel behind the testkit's guard instead: the exception for a test that drives a
+    learner's object through the engine's inner loop (thousands of calls with live engine
+    objects), which the data-only channel cannot carry. Its verdict is only as strong as the
+    old design's, so the note lists every such cell.
+    """
+    tests = {i for i, c in enumerate(nb.cells) if is_test(c)}
+    in_kernel = {i for i in tests if _asks_for_kernel(nb.cells[i])}
+    both = {i for i, c in enumerate(nb.cells) if is_read_only_code(c)}
+    if not trusted:
+        return Plan(trusted_tests=False, guarded=tests, trusted_cwd=trusted_cwd)
+    return Plan(trusted_tests=True, tests=tests - in_kernel, both=both, guarded=in_kernel,
+                trusted_cwd=trusted_cwd)
+
+
+def _asks_for_kernel(cell: nbformat.NotebookNode) -> bool:
+    meta = cell.get("metadata", {}).get("autograder")
+    return isinstance(meta, dict) and meta.get("tests_in") == "kernel"
+
+
+def is_read_only_code(cell: nbformat.NotebookNode) -> bool:
+    nbg = nbgrader_meta(cell) or {}
+    return (cell.cell_type == "code" and bool(nbg.get("locked"))
+            and not nbg.get("grade") and not nbg.get("solution"))
+
+
+def trusted_folder(course: Course, job: Job, scratch: Path) -> Path:
+    """The trusted runner's working folder: the released data files, out of the kernel's
+    reach (the kernel sees only its own run folder)."""
+    folder = scratch / "trusted"
+    for rel in course.support_files(job.assignment):
+        dest = folder / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(course.release / job.assignment / rel, dest)
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _count_processes(report: RunReport, spec: SandboxSpec) -> None:
+    """Processes of the sandbox's own uid besides the kernel were started without an audit
+    event (native code: ctypes reaches fork in libc). They end with the sandbox's PID
+    namespace; the count, taken from outside, is the review flag."""
+    if not spec.isolate or os.getuid() != 0:
+        return  # without a uid of its own, the kernel's processes cannot be told apart
+    found = sandbox_processes(spec.uid, spec.run_dir)
+    extra = found[1:]  # the first is the kernel (or one of them; they are alike)
+    if extra:
+        report.process_events = [  # type: ignore[attr-defined]
+            f"{len(extra)} process(es) running beside the kernel, started without an audit "
+            f"event (native code?): {'; '.join(extra)[:300]}"]
 
 
 def read_audit(path: Path) -> list[str]:
@@ -283,6 +347,8 @@ def read_audit(path: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from .sandbox import _die_with_parent
+    _die_with_parent()  # a coordinator that dies takes its workers, and so their kernels, along
     job = Job(**json.loads(Path(argv[0]).read_text()))
     try:
         result = grade(job)

@@ -25,8 +25,18 @@ SUITES = {
 }
 
 
-def run_suite(name: str, json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+#: Suites whose ``run`` takes ``compile`` (our side timed with the compiled decode step).
+COMPILABLE = ("hf",)
+
+
+def run_suite(name: str, json_path: str | None = None, quick: bool = False,
+              compile: bool = False) -> dict[str, Any]:
     if name not in SUITES:
         raise ValueError(f"unknown bench suite {name!r}; choose one of: {', '.join(SUITES)}")
     module = importlib.import_module(f"bench.{name}")
+    if compile:
+        if name not in COMPILABLE:
+            raise ValueError(f"bench {name} has no --compile variant; it exists for: "
+                             f"{', '.join(COMPILABLE)} (bench decode always times both)")
+        return module.run(json_path=json_path, quick=quick, compile=True)
     return module.run(json_path=json_path, quick=quick)

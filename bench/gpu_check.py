@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ class Step:
     cap_s: float
     json_out: Path | None = None      # a bench report the step writes, read for its ratios
     env: dict[str, str] = field(default_factory=dict)
+    alone: bool = False               # timed for its figures: runs with nothing beside it
 
 
 def child_env(device: str, tmp: Path) -> dict[str, str]:
@@ -105,12 +107,12 @@ def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
     # The compiled path on the real model: eager and compiled tokens, step times, roofline.
     steps.append(Step("compiled-decode", [py, "-m", "tinyserve", "bench", "decode",
                                           "--json", str(tmp / "compiled.json")],
-                      180, json_out=tmp / "compiled.json"))
+                      180, json_out=tmp / "compiled.json", alone=True))
     for suite in FULL_SUITES:
         if suite in bench.SUITES:
             out = tmp / f"full-{suite}.json"
             steps.append(Step(f"bench:{suite}", [py, "-m", "tinyserve", "bench", suite,
-                                                 "--json", str(out)], 150, out))
+                                                 "--json", str(out)], 150, out, alone=True))
     return steps
 
 
@@ -174,26 +176,40 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "device"
 
 
-def run_all(device: str, budget_s: float, only: list[str] | None,
-            results: Path) -> tuple[dict[str, Any], Path]:
-    """Run the plan within the budget; write and return the report."""
+def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
+            jobs: int = 1) -> tuple[dict[str, Any], Path]:
+    """Run the plan within the budget; write and return the report.
+
+    Steps that only check something runs (tests, quick suites, chapters) run ``jobs`` at a
+    time; steps timed for their figures (``alone``) run afterwards, one by one."""
     from tinyserve.provenance import git_commit
     started = time.perf_counter()
     info = device_info(device)
-    records: list[dict[str, Any]] = []
+
+    def attempt(step: Step, env: dict[str, str]) -> dict[str, Any]:
+        left = budget_s - (time.perf_counter() - started)
+        if left < 10:
+            return {"name": step.name, "status": "skipped", "seconds": 0.0,
+                    "failure": f"out of time: the {budget_s:.0f} s budget was spent"}
+        return run_step(step, env, min(step.cap_s, left))
+
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as name:
         tmp = Path(name)
         write_kernel_spec(tmp)
         env = child_env(device, tmp)
-        for step in plan(device, tmp, budget_s):
-            if only and not any(fnmatch.fnmatch(step.name, pat) for pat in only):
-                continue
-            left = budget_s - (time.perf_counter() - started)
-            if left < 10:
-                records.append({"name": step.name, "status": "skipped", "seconds": 0.0,
-                                "failure": f"out of time: the {budget_s:.0f} s budget was spent"})
-                continue
-            records.append(run_step(step, env, min(step.cap_s, left)))
+        steps = [s for s in plan(device, tmp, budget_s)
+                 if not only or any(fnmatch.fnmatch(s.name, pat) for pat in only)]
+        shared_env = dict(env)
+        if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:   # side by side: share the cores
+            shared_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            side_by_side = {s.name: pool.submit(attempt, s, shared_env)
+                            for s in steps if not s.alone}
+            done = {name: f.result() for name, f in side_by_side.items()}
+        for s in steps:
+            if s.alone:
+                done[s.name] = attempt(s, env)
+        records = [done[s.name] for s in steps]
     counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "failed", "timeout", "skipped")}
     now = _dt.datetime.now(_dt.timezone.utc)
     data = {"kind": "gpu-check", "date": now.isoformat(timespec="seconds"), **info,
@@ -229,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0,
                    help="seconds for all steps; what is left when it is spent is skipped")
     p.add_argument("--only", help="comma-separated step names or patterns (bench-quick:*)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="steps side by side before the timed ones (default: 4 on cuda, 1 on cpu)")
     p.add_argument("--results", default=str(RESULTS), help="folder for the JSON report")
     p.add_argument("--notebook", help=argparse.SUPPRESS)   # internal: one notebook step
     p.add_argument("--cell-timeout", type=int, default=120, help=argparse.SUPPRESS)
@@ -244,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
               "on the CPU.", file=sys.stderr)
         return NO_CUDA_EXIT
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    data, path = run_all(args.device, args.budget_s, only, Path(args.results))
+    jobs = args.jobs if args.jobs is not None else (4 if args.device == "cuda" else 1)
+    if jobs < 1:
+        p.error(f"--jobs must be at least 1, got {jobs}")
+    data, path = run_all(args.device, args.budget_s, only, Path(args.results), jobs)
     print(f"gpu-check on {data['device_name']}: {data['counts']} in {data['total_s']:.0f} s; "
           f"wrote {path}")
     return 0 if data["counts"]["failed"] == data["counts"]["timeout"] == 0 else 1

@@ -27,10 +27,12 @@ import torch
 from tinyserve.workbook.capacity import GB, kv_bytes_for_config
 from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device
+from tinyserve.compiled import generate_compiled
 from tinyserve.generate import generate, generate_batch
 from tinyserve.hf_export import write_hf_checkpoint
 from tinyserve.metrics import tpot
 from tinyserve.model import TinyLlama
+from tinyserve.roofline import memory_bandwidth
 from tinyserve.tokenizer import load_tokenizer
 
 from .common import QUICK_CONFIG, load_bench_model, median_seconds, report, table, write_json
@@ -55,15 +57,7 @@ def _hf_generate(hf: Any, ids: torch.Tensor, n: int) -> list[list[int]]:
     return out[:, ids.shape[1]:].tolist()
 
 
-def memory_bandwidth(device: torch.device, nbytes: int, repeats: int = 5) -> float:
-    """Bytes per second of a large copy (it reads and writes ``nbytes`` each)."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    seconds = median_seconds(lambda: dst.copy_(src), device, repeats)
-    return 2 * nbytes / seconds
-
-
-def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
+def run(json_path: str | None = None, quick: bool = False, compile: bool = False) -> dict[str, Any]:
     import transformers
 
     device = default_device()
@@ -87,7 +81,9 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
 
         def ours() -> None:
             if batch == 1:
-                ours_out["tokens"] = [generate(model, prompts[0], n_new).tokens]
+                ours_out["tokens"] = [generate(model, prompts[0], n_new, compile=compile).tokens]
+            elif compile:
+                ours_out["tokens"] = generate_compiled(model, prompts[:batch], n_new)
             else:
                 ours_out["tokens"] = generate_batch(model, prompts[:batch], n_new)
 
@@ -119,7 +115,8 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     mid_context = prompt_len + n_new // 2
     kv_bytes = kv_bytes_for_config(cfg, mid_context, model.dtype)
     floor = (weight_bytes + kv_bytes) / bandwidth
-    achieved = [x for x in (tpot(generate(model, prompts[0], n_new)) for _ in range(repeats))
+    achieved = [x for x in (tpot(generate(model, prompts[0], n_new, compile=compile))
+                            for _ in range(repeats))
                 if x is not None]
     achieved_s = sorted(achieved)[len(achieved) // 2]
     ratios["decode_roofline_fraction"] = floor / achieved_s
@@ -133,6 +130,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
 
     data = report("hf", ratios=ratios, measurements=measured,
                   conditions={"model": name, "device": str(device), "dtype": "float32",
+                              "ours": "compiled decode step" if compile else "eager",
                               "sampling": "greedy", "repeats": repeats,
                               "prompt_tokens": prompt_len, "new_tokens": n_new},
                   quick=quick)

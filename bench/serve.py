@@ -27,8 +27,9 @@ from typing import Any
 
 from tinyserve.engine import EngineConfig
 from tinyserve.loadgen.prompts import harbor_prompts, ticket_prompts
-from tinyserve.loadgen.generator import SLOs, TABLE_COLUMNS, knee, run_load, summarize, sweep, table_rows
-from tinyserve.metrics import summarize as summarize_traces
+from tinyserve.loadgen.generator import TABLE_COLUMNS, knee, run_load, sweep, table_rows
+from tinyserve.metrics import SLO as Objectives
+from tinyserve.metrics import summarize
 from tinyserve.serving.local_servers import local_server, server_processes
 from tinyserve.serving.routing import POLICIES, make_router, prompt_router, simulate
 from tinyserve.simulator import CostModel
@@ -36,7 +37,7 @@ from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
 
 from .common import report, table, write_json
 
-SLO = SLOs(ttft_ms=500.0, tpot_ms=50.0)
+SLO = Objectives(ttft_ms=500.0, tpot_ms=50.0)
 PRICE_PER_HOUR = 1.0          # a small CPU machine, dollars per hour (illustrative)
 LONG = 256                    # prompts this long or longer are "long" for shape routing
 
@@ -51,12 +52,12 @@ def _rate_sweep(quick: bool) -> dict[str, Any]:
         rates = [2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0]
     show = lambda p: print(f"  {p['rate']:g} req/s offered: goodput "  # noqa: E731
                            f"{p['metrics']['goodput']:.2f}, p99 TTFT "
-                           f"{p['metrics']['ttft_ms_p99']:.0f} ms", flush=True)
+                           f"{p['metrics']['p99_ttft_ms']:.0f} ms", flush=True)
     servers = local_server() if quick else server_processes(1)
     with servers as handle:
         url = handle[0]
         run_load(url, "target", prompts[:2])            # warm-up: first-call costs
-        points = sweep(url, "target", prompts, rates, slos=SLO, price_per_hour=PRICE_PER_HOUR,
+        points = sweep(url, "target", prompts, rates, slo=SLO, price_per_hour=PRICE_PER_HOUR,
                        on_point=show)
     return {"points": points, "knee": knee(points), "prompts": len(prompts),
             "prompt_tokens": [p.prompt_tokens for p in prompts],
@@ -81,9 +82,9 @@ def _routing_sim(quick: bool) -> dict[str, Any]:
         seqs, where = simulate(specs, make_router(name, LONG), 2, config, cost)
         short = [s.trace for sp, s in zip(specs, seqs) if sp.prompt_len < LONG]
         long_ = [s.trace for sp, s in zip(specs, seqs) if sp.prompt_len >= LONG]
-        out[name] = {"short_p99_ttft_ms": summarize_traces(short)["p99_ttft_ms"],
-                     "long_p99_ttft_ms": summarize_traces(long_)["p99_ttft_ms"],
-                     "all_p99_ttft_ms": summarize_traces([s.trace for s in seqs])["p99_ttft_ms"],
+        out[name] = {"short_p99_ttft_ms": summarize(short)["p99_ttft_ms"],
+                     "long_p99_ttft_ms": summarize(long_)["p99_ttft_ms"],
+                     "all_p99_ttft_ms": summarize([s.trace for s in seqs])["p99_ttft_ms"],
                      "requests_per_replica": [where.count(k) for k in range(2)]}
     return out
 
@@ -98,11 +99,12 @@ def _routing_real() -> dict[str, Any]:
         for name in POLICIES:
             results = run_load(urls, "target", prompts, rate=3.0, seed=1,
                                router=prompt_router(make_router(name, LONG)))
-            short = [r for r in results if r.prompt_tokens < LONG]
-            out[name] = {"short_p99_ttft_ms": summarize(short)["ttft_ms_p99"],
-                         "long_p99_ttft_ms": summarize([r for r in results if r not in short])[
-                             "ttft_ms_p99"],
-                         "all_p99_ttft_ms": summarize(results)["ttft_ms_p99"],
+            done = [r for r in results if r.ok]     # latency figures of completed requests
+            short = [r for r in done if r.prompt_tokens < LONG]
+            out[name] = {"short_p99_ttft_ms": summarize(short)["p99_ttft_ms"],
+                         "long_p99_ttft_ms": summarize([r for r in done if r not in short])[
+                             "p99_ttft_ms"],
+                         "all_p99_ttft_ms": summarize(done)["p99_ttft_ms"],
                          "requests_per_replica": [sum(r.replica == k for r in results)
                                                   for k in range(2)]}
     return out

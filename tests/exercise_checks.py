@@ -90,11 +90,17 @@ def source_fixture(path: Path):
 
 
 def check_rubrics_above_answers(source) -> None:
-    """A manually graded answer cell holds the answer only; its rubric sits in the cell above."""
-    for cell in source.cells:
+    """A manually graded answer cell holds the answer only; its rubric sits in the cell above,
+    inside a mark-scheme region (### BEGIN/END MARK SCHEME), which release cuts."""
+    for i, cell in enumerate(source.cells):
         m = meta(cell)
         if m and m["solution"] and m["grade"]:
             assert "Rubric" not in cell.source, f"{m['grade_id']}: the rubric sits above the answer"
+            above = source.cells[i - 1].source
+            if "Rubric" in above:
+                start, end = above.index("### BEGIN MARK SCHEME"), above.index("### END MARK SCHEME")
+                assert start < above.index("*Rubric (") < end, \
+                    f"{m['grade_id']}: the rubric must sit inside a mark-scheme region"
 
 
 def check_points_and_answers(source, test_points: dict[str, int], manual_points: dict[str, int],

@@ -41,6 +41,33 @@ def test_exercises_hold_no_solutions_or_hidden_tests(assignment):
         for marker in MARKERS:
             assert marker not in text, (path, marker)
         assert not (secret & lines), sorted(secret & lines)[:3]
+        # No rubric of a written answer reaches the learner: every line of every mark scheme
+        # in the source is cut from the release.
+        assert "Rubric" not in text and "MARK SCHEME" not in text, path
+        leaked = mark_scheme_lines(COURSE.source / assignment / path.name) & lines
+        assert not leaked, sorted(leaked)[:3]
+
+
+def mark_scheme_lines(source: Path) -> set[str]:
+    """The non-blank lines inside ### BEGIN/END MARK SCHEME regions of a source notebook."""
+    found, inside = set(), False
+    for cell in nbformat.read(source, as_version=4).cells:
+        for line in cell.source.splitlines():
+            if "BEGIN MARK SCHEME" in line:
+                inside = True
+            elif "END MARK SCHEME" in line:
+                inside = False
+            elif inside and line.strip():
+                found.add(line.strip())
+    return found
+
+
+def test_every_rubric_sits_in_a_mark_scheme_region():
+    """Rubrics are written inside mark-scheme regions, so release cuts them."""
+    for path in sorted(COURSE.source.glob("*/*.ipynb")):
+        regions = sum("BEGIN MARK SCHEME" in c.source for c in nbformat.read(path, as_version=4).cells)
+        rubrics = path.read_text().count("*Rubric (")
+        assert rubrics == regions, f"{path}: {rubrics} rubrics, {regions} mark-scheme regions"
 
 
 # testkit ------------------------------------------------------------------------------------

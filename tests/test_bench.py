@@ -90,7 +90,7 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         assert v["int8 weights"]["weight_bytes"] < v["bf16"]["weight_bytes"] < v["fp32"]["weight_bytes"]
         assert v["int8 KV"]["kv_bytes_full_window"] < v["fp32"]["kv_bytes_full_window"]
     elif suite == "serve":  # the load generator's figures at the knee, and its plot
-        assert {"ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p99", "e2el_ms_p99",
+        assert {"p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_itl_ms", "p99_e2el_ms",
                 "request_throughput", "output_throughput", "goodput"} <= set(data["metrics"])
         assert out.with_suffix(".png").stat().st_size > 0
 

@@ -1,9 +1,11 @@
 """The command line: useful output, and one clear line (no traceback) for bad input."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from tinyserve.__main__ import main
+from tinyserve.__main__ import build_parser, main
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -18,14 +20,51 @@ def test_empty_prompt_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_model_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "generate", "--prompt", "hi", "--model", "giant")
-    assert code == 2 and "unknown model 'giant'" in err and "target, draft" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--prompt", "hi", "--model", "giant"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "invalid choice: 'giant'" in err and "'target', 'draft'" in err
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in build_parser()._actions
+                  if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_model_choice_comes_from_one_list() -> None:
+    from tinyserve.paths import MODEL_NAMES
+    seen = 0
+    for name, parser in _subparsers().items():
+        for action in parser._actions:
+            if "--model" in action.option_strings and name != "loadgen":  # loadgen: any server's
+                assert tuple(action.choices) == MODEL_NAMES, name
+                seen += 1
+    assert seen == 4   # generate, serve, calibrate, export-hf
+
+
+def test_serve_defaults_are_serve_options() -> None:
+    from dataclasses import fields
+
+    from tinyserve.serving.options import ServeOptions
+    args = build_parser().parse_args(["serve"])
+    assert ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)}) \
+        == ServeOptions()
 
 
 def test_prompt_longer_than_the_context_window(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, "generate", "--prompt", "word " * 2000, "--max-tokens", "5")
     assert code == 2
     assert "context window is 512" in err and "shorten the prompt" in err
+
+
+def test_truncate_stops_at_the_window_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, "generate", "--prompt", "word " * 250, "--max-tokens", "50",
+                        "--truncate")
+    assert code == 0, err
+    # 500 prompt tokens leave 12 in the 512-token window.
+    assert err.strip().splitlines()[-1].startswith("12 tokens")
+    assert "(--max-tokens 50 cut to 12: the 512-token context window)" in err
 
 
 def test_negative_temperature_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,7 +91,12 @@ def test_sampling_is_reproducible_under_a_seed(capsys: pytest.CaptureFixture[str
 
 
 @pytest.mark.parametrize("argv, fragment", [
-    (("generate", "--example", "-1"), "ticket number >= 0"),
+    (("generate", "--example", "-1"), "--example takes a ticket number from 0 to 99, got -1"),
+    (("generate", "--example", "100"), "--example takes a ticket number from 0 to 99, got 100"),
+    (("generate", "--prompt", "hi", "--max-tokens", "0"), "--max-tokens must be at least 1"),
+    (("generate", "--prompt", "hi", "--max-tokens", "600"),
+     "context window is 512 tokens; the prompt has 2 tokens and --max-tokens is 600 (602 in all); "
+     "shorten the prompt or lower --max-tokens; or pass --truncate"),
     (("train", "--preset", "draft", "--steps", "0"), "--steps must be at least 1"),
     (("bench", "nosuch"), "unknown bench suite 'nosuch'"),
     (("calibrate", "--repeats", "0"), "--repeats must be at least 1"),

@@ -8,7 +8,8 @@ import torch
 
 from tinyserve.compiled import BUCKETS, StaticKVCache, bucket_for, compiled_decoder, generate_compiled
 from tinyserve.config import ModelConfig
-from tinyserve.generate import decode_step, generate_batch, prefill
+from tinyserve.__main__ import main
+from tinyserve.generate import decode_step, generate_batch, generate_stream, prefill
 from tinyserve.kv_cache import KVCache
 
 from conftest import random_prompt, sharp_model
@@ -56,12 +57,21 @@ def test_compiled_kernels_give_eager_tokens() -> None:
     want = generate_batch(model, [prompt], 20)
     assert generate_compiled(model, [prompt], 20) == want
     assert compiled_decoder(model, 1).mode == "default"
+    # generate_stream(compile=True), what `generate --compile` runs, reuses that decoder
+    assert list(generate_stream(model, prompt, 20, compile=True)) == want[0]
 
 
 def test_buckets_and_the_limit_are_named() -> None:
     assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
     with pytest.raises(ValueError, match=f"at most {BUCKETS[-1]} rows, got 65"):
         bucket_for(65)
+
+
+def test_compile_flags_name_what_they_need(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--prompt", "hi", "--compile", "--no-cache"]) == 2
+    assert "compile needs the KV cache" in capsys.readouterr().err
+    assert main(["bench", "kv", "--quick", "--compile"]) == 2
+    assert "bench kv has no --compile variant" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

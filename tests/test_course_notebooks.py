@@ -14,6 +14,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tinyserve.workbook.predict import Prediction
+
 COURSE = Path(__file__).resolve().parents[1] / "course"
 NOTEBOOKS = sorted(COURSE.glob("*.ipynb"))
 CELL_TIMEOUT_S = 120
@@ -50,3 +52,25 @@ def test_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     errors = [o for cell in nb.cells if cell.cell_type == "code"
               for o in cell.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
+    # Run headless, nobody commits a guess: every measurement's comparison must say so, and
+    # must not reveal a guess-versus-answer verdict that no learner asked for.
+    for cell in nb.cells:
+        if cell.cell_type == "code" and ".record(" in cell.source:
+            text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+            assert Prediction.NO_GUESS in text, f"{path.name}: {cell.source!r} printed {text!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_predicts_before_measuring(path: Path) -> None:
+    """Each chapter asks for a committed guess in a cell shown with .ui(): a Prediction, whose
+    measurement cell below calls .record(measured), or one of the workbook's labs (KVCacheLab,
+    RooflineLab), whose answer is computed; each hides its answer until a guess is committed
+    (tests/test_workbook_lab.py and the labs' own tests)."""
+    code = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    predictions = [i for i, s in enumerate(code) if "Prediction(" in s and ".ui()" in s]
+    labs = [i for i, s in enumerate(code) if "Lab(" in s and ".ui()" in s]
+    assert predictions or labs, f"{path.name}: no predict-first cell (a Prediction or a lab's .ui())"
+    if predictions:
+        recorded = [i for i, s in enumerate(code) if ".record(" in s]
+        assert recorded and min(recorded) > min(predictions), \
+            f"{path.name}: the measurement must come after the guess and call .record(measured)"

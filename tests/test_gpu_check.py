@@ -59,9 +59,10 @@ def test_a_failing_or_hanging_step_is_recorded_and_the_rest_still_run(
     py = sys.executable
     steps = [Step("fails", [py, "-c", "import sys; print('boom ' * 2000); sys.exit(4)"], 30),
              Step("hangs", [py, "-c", "import time; time.sleep(60)"], 1),
-             Step("passes", [py, "-c", "print('fine')"], 30)]
+             Step("passes", [py, "-c", "print('fine')"], 30, alone=True)]
     monkeypatch.setattr(gpu_check, "plan", lambda device, tmp, budget: steps)
-    data, _ = gpu_check.run_all("cpu", 100, None, tmp_path)
+    data, _ = gpu_check.run_all("cpu", 100, None, tmp_path, jobs=2)
+    assert [s["name"] for s in data["steps"]] == ["fails", "hangs", "passes"]  # plan order
     by_name = {s["name"]: s for s in data["steps"]}
     assert by_name["fails"]["status"] == "failed"
     assert by_name["fails"]["failure"].startswith("exit code 4") and "boom" in by_name["fails"]["failure"]

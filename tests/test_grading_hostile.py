@@ -2,6 +2,9 @@
 
 All cases (tests/fixtures/hostile/*/) are collected next to one another and graded in a
 single sandboxed, parallel autograde run, so one case can never change another's grade.
+The attacks on the old design (test cells in the student's kernel) are graded a second time
+through that design, kept as ``tests_in="kernel"`` for this purpose only, to show each one
+earned marks there that it does not earn now.
 """
 from __future__ import annotations
 
@@ -19,6 +22,23 @@ from conftest import sandbox_skip_reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = sorted(p.name for p in (FIXTURES / "hostile").iterdir() if (p / "expected.json").exists())
+EXPECTED = {c: json.loads((FIXTURES / "hostile" / c / "expected.json").read_text()) for c in CASES}
+OLD_DESIGN = sorted(c for c in CASES if "old_design" in EXPECTED[c])
+LIMITS = {"memory_mb": 1536, "processes": 256, "file_size_mb": 16, "scratch_mb": 64,
+          "cpu_seconds": 60, "open_files": 1024}
+
+
+def kernel_processes(marker: str) -> list[int]:
+    """Grading kernels (kernel_boot) whose command line holds ``marker`` (a course path)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "autograder.kernel_boot" in text and marker in text:
+            found.append(int(cmdline.parent.name))
+    return found
 
 pytestmark = pytest.mark.skipif(sandbox_skip_reason() is not None,
                                 reason=str(sandbox_skip_reason()))
@@ -33,12 +53,23 @@ def graded(tmp_path_factory):
     for name in CASES:
         shutil.copytree(FIXTURES / "hostile" / name / "submission",
                         course.submitted / name / "mini")
-    results = autograde(course, "mini", workers=2, cell_timeout=4, total_timeout=60,
-                        limits={"memory_mb": 1536, "processes": 256, "file_size_mb": 16,
-                                "scratch_mb": 64, "cpu_seconds": 60, "open_files": 1024}, progress=False)
+    # 10 s per cell: long enough for `import torch` on a loaded machine, short enough for
+    # the loops that must be interrupted.
+    results = autograde(course, "mini", workers=2, cell_timeout=10, total_timeout=90,
+                        limits=LIMITS, progress=False)
     feedback(course, "mini")
     export(course, ["mini"], course.work / "grades.csv")
     return course, {r["student"]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def old_design(graded):
+    """The attacks on the old design, graded through it (test cells in the kernel)."""
+    course, _ = graded
+    results = autograde(course, "mini", students=OLD_DESIGN, workers=2, cell_timeout=10,
+                        total_timeout=90, limits=LIMITS, progress=False, record=False,
+                        tests_in="kernel")
+    return {r["student"]: r for r in results}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -53,6 +84,23 @@ def test_case_outcome(graded, case):
     text = "; ".join(r["reasons"] + r["flags"])
     assert expected.get("reason", "") in text, why
     assert r["max_score"] == 4, why  # the release's points, whatever the submission claims
+    if "max_notebook_mb" in expected:
+        graded_nb = course.autograded / case / "mini" / "mini.ipynb"
+        assert graded_nb.stat().st_size <= expected["max_notebook_mb"] * 2**20
+
+
+@pytest.mark.parametrize("case", OLD_DESIGN)
+def test_the_old_design_gave_this_attack_unearned_marks(graded, old_design, case):
+    _, results = graded
+    old, now = old_design[case], results[case]
+    assert old["score"] == EXPECTED[case]["old_design"]["score"], json.dumps(old["notebooks"])
+    if case != "cell_order":  # the control case: no design gives it anything
+        assert old["score"] > now["score"], (old["score"], now["score"])
+
+
+def test_no_grading_kernel_outlives_its_run(graded, old_design):
+    course, _ = graded
+    assert kernel_processes(str(course.root)) == []
 
 
 def test_gradebook_holds_each_result_and_nothing_else(graded):

@@ -93,3 +93,28 @@ def test_exported_tokenizer_loads_with_autotokenizer(shipped_export: Path) -> No
     assert hf_tok(text)["input_ids"] == ours.encode(text)
     assert hf_tok.eos_token == "<|end|>" and hf_tok.eos_token_id == ours.eos_id
     assert hf_tok.decode(ours.encode(text)) == text
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Subject: Login fails\n\nI cannot log in."}],
+    [{"role": "system", "content": "Workspace: harbor-ops"},
+     {"role": "user", "content": "Subject: Refund\n\nWe removed 3 seats."}],
+    [{"role": "developer", "content": "Plan: Team"},
+     {"role": "user", "content": [{"type": "text", "text": "Subject: Export"},
+                                  {"type": "text", "text": "It stops at 99%."}]},
+     {"role": "assistant", "content": "Hi Ana, sorry about the export."},
+     {"role": "user", "content": "Still stuck."}],
+]
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS, ids=["user", "system", "multi-turn parts"])
+def test_exported_chat_template_gives_our_servers_prompt_ids(shipped_export: Path,
+                                                             messages: list[dict]) -> None:
+    from tinyserve.serving.api_schema import ChatMessage, chat_prompt
+    hf_tok = transformers.AutoTokenizer.from_pretrained(shipped_export, local_files_only=True)
+    ours = load_tokenizer().encode(chat_prompt([ChatMessage(**m) for m in messages]))
+    for generation_prompt in (True, False):   # our user turn already ends with the cue
+        theirs = hf_tok.apply_chat_template(messages, tokenize=True,
+                                            add_generation_prompt=generation_prompt)
+        ids = theirs["input_ids"] if isinstance(theirs, dict) or hasattr(theirs, "keys") else theirs
+        assert list(ids) == ours

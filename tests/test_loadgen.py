@@ -5,6 +5,7 @@ Nothing here asserts a duration: client and server timings are only compared for
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,14 @@ from tinyserve.engine import EngineConfig
 from tinyserve.generate import generate_ids
 from tinyserve.loadgen.prompts import (HARBOR_TICKETS, Prompt, corpus_prompts, harbor_prompts,
                                     prompt_of_length)
-from tinyserve.loadgen.generator import Result, SLOs, knee, run_load, summarize
-from tinyserve.metrics import summarize as summarize_traces
+from tinyserve.loadgen.generator import Result, knee, run_load, run_metrics
+from tinyserve.metrics import SLO, summarize
 from tinyserve.serving.local_servers import local_server
 from tinyserve.serving.routing import ByShape, LeastLoaded, RoundRobin, make_router, simulate
 from tinyserve.simulator import CostModel
 from tinyserve.workload import Fixed, Mixture, Uniform, make_workload
 
-METRIC_KEYS = {"ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "itl_ms_p99", "e2el_ms_p99",
+METRIC_KEYS = {"p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_itl_ms", "p99_e2el_ms",
                "request_throughput", "output_throughput", "goodput"}
 
 
@@ -54,10 +55,10 @@ def test_streamed_requests_match_the_server(server, tok) -> None:
         # The client sends before the server's clock starts and reads after it stops.
         assert r.ttft * 1e3 >= s["ttft_ms"] and r.e2e * 1e3 >= s["e2e_ms"]
         assert r.chunk_times == sorted(r.chunk_times) and r.start < r.chunk_times[0]
-    m = summarize(results, SLOs())
+    m = run_metrics(results, SLO())
     assert METRIC_KEYS <= set(m) and m["completed"] == 4 and m["failed"] == 0
     assert m["total_output_tokens"] == 32 and m["goodput"] == m["request_throughput"]
-    assert summarize(results, SLOs(ttft_ms=0.0))["goodput"] == 0.0
+    assert run_metrics(results, SLO(ttft_ms=0.0))["goodput"] == 0.0
 
 
 def test_refused_request_is_a_failure_with_the_servers_message(server, tok) -> None:
@@ -68,7 +69,7 @@ def test_refused_request_is_a_failure_with_the_servers_message(server, tok) -> N
     results = run_load(url, "target", prompts)
     assert results[0].ok and not results[1].ok
     assert results[1].status == 400 and "context window is 512" in results[1].error
-    m = summarize(results)
+    m = run_metrics(results)
     assert m["completed"] == 1 and m["failed"] == 1 and m["slo_attainment"] == 0.5
 
 
@@ -83,6 +84,27 @@ def test_fixed_concurrency_of_one_never_overlaps(server) -> None:
     results = run_load(url, "target", corpus_prompts(3, max_tokens=2), concurrency=1)
     assert all(r.ok for r in results)
     assert all(b.start >= a.end for a, b in zip(results, results[1:]))
+
+
+def test_the_clock_starts_when_the_request_is_sent(server) -> None:
+    """Two requests through a pool of one connection: the second waits for the connection,
+    and that wait is not its latency (its clock starts after the first's last chunk)."""
+    import asyncio
+
+    import httpx
+
+    from tinyserve.loadgen.generator import send
+    url, _ = server
+    prompts = corpus_prompts(2, max_tokens=8)
+
+    async def both() -> tuple[list, float]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1)) as c:
+            created = time.perf_counter()
+            return list(await asyncio.gather(*(send(c, url, "target", p) for p in prompts))), created
+
+    (first, second), created = asyncio.run(both())
+    assert first.ok and second.ok
+    assert created < first.start and second.start >= first.end
 
 
 def test_cli_writes_the_metrics_object(server, tmp_path: Path) -> None:
@@ -128,14 +150,14 @@ def test_figures_from_a_known_timeline() -> None:
     a = _result(0.0, [0.1, 0.15, 0.2, 0.25])
     b = _result(0.5, [0.8, 1.0])
     failed = Result(10, 0.2, end=0.3, error="429")
-    m = summarize([a, b, failed], SLOs(ttft_ms=200), price_per_hour=3.6, input_weight=0.5)
+    m = run_metrics([a, b, failed], SLO(ttft_ms=200), price_per_hour=3.6, input_weight=0.5)
     assert m["completed"] == 2 and m["failed"] == 1
     assert m["duration_s"] == pytest.approx(1.0)
-    assert m["ttft_ms_mean"] == pytest.approx(200) and m["ttft_ms_p50"] == pytest.approx(200)
-    assert m["tpot_ms_p50"] == pytest.approx((50 + 200) / 2)
-    assert m["itl_ms_p50"] == pytest.approx(50) and m["itl_ms_p99"] == pytest.approx(
+    assert m["mean_ttft_ms"] == pytest.approx(200) and m["p50_ttft_ms"] == pytest.approx(200)
+    assert m["p50_tpot_ms"] == pytest.approx((50 + 200) / 2)
+    assert m["p50_itl_ms"] == pytest.approx(50) and m["p99_itl_ms"] == pytest.approx(
         50 + 0.97 * 150)
-    assert m["e2el_ms_p99"] == pytest.approx(250 + 0.99 * 250)
+    assert m["p99_e2el_ms"] == pytest.approx(250 + 0.99 * 250)
     assert m["request_throughput"] == pytest.approx(2.0)
     assert m["output_throughput"] == pytest.approx(6.0)
     assert m["goodput"] == pytest.approx(1.0) and m["slo_attainment"] == pytest.approx(1 / 3)
@@ -143,7 +165,7 @@ def test_figures_from_a_known_timeline() -> None:
     assert m["cost_per_m_output_tokens"] == pytest.approx(0.001 / 16 * 1e6)
     assert m["cost_per_m_input_tokens"] == pytest.approx(0.5 * 0.001 / 16 * 1e6)
     with pytest.raises(RuntimeError, match="no request completed"):
-        summarize([failed])
+        run_metrics([failed])
 
 
 def test_knee_is_the_most_goodput_at_the_lowest_rate() -> None:
@@ -188,7 +210,7 @@ def test_shape_routing_lowers_short_p99_ttft_on_the_simulator() -> None:
         assert all(s.finish_reason == "length" for s in seqs) and len(seqs) == len(specs)
         short = [s.trace for sp, s in zip(specs, seqs) if sp.prompt_len < 256]
         long_ = [s.trace for sp, s in zip(specs, seqs) if sp.prompt_len >= 256]
-        p99[name] = (summarize_traces(short)["p99_ttft_ms"], summarize_traces(long_)["p99_ttft_ms"])
+        p99[name] = (summarize(short)["p99_ttft_ms"], summarize(long_)["p99_ttft_ms"])
         if name == "shape":   # every long prompt on replica 0, every short one on replica 1
             assert all(w == (sp.prompt_len >= 256) ^ 1 for sp, w in zip(specs, where))
         else:

@@ -76,3 +76,18 @@ def test_missing_timestamps_are_named() -> None:
 def test_summary_line_reports_ttft_itl_and_rates() -> None:
     line = summary_line(_trace())
     assert "TTFT 750.0 ms" in line and "ITL p50 100.00 ms" in line and "tok/s" in line
+
+
+def test_one_slo_and_one_summary_for_engine_traces_and_client_results() -> None:
+    """A trace and the load generator's Result with the same timeline are the same request to
+    SLO.met and summarize (both are RequestTimes)."""
+    from tinyserve.loadgen.generator import Result
+    from tinyserve.metrics import SLO
+    trace = _trace()
+    client = Result(prompt_tokens=100, start=10.0, chunk_times=list(trace.token_times),
+                    end=trace.finish, output_tokens=4, ok=True)
+    assert summarize([client]) == pytest.approx(summarize([trace]))
+    for slo in (SLO(), SLO(ttft_ms=750.1), SLO(ttft_ms=749), SLO(tpot_ms=217),
+                SLO(tpot_ms=216), SLO(e2el_ms=1399)):
+        assert slo.met(client) == slo.met(trace), slo
+    assert SLO(ttft_ms=750.1, tpot_ms=217).met(trace) and not SLO(e2el_ms=1399).met(trace)

@@ -1,5 +1,9 @@
 """The package reads as its map says: every module is on the module map (the package
-docstring and the README's table), and ``tinyserve`` never imports ``bench``."""
+docstring and the README's table), ``tinyserve`` never imports ``bench``, no function in it
+passes 80 lines, and every assignment has its ``test_<assignment>_exercise.py``.
+
+``python tests/test_package_layout.py [FOLDER ...]`` lists the longest functions of each folder
+(default: tinyserve and autograder)."""
 from __future__ import annotations
 
 import ast
@@ -67,3 +71,46 @@ def test_tinyserve_never_imports_bench() -> None:
     found = bench_imports()
     assert not found, (f"tinyserve imports bench at {found}: bench depends on tinyserve, never "
                        f"the reverse; move what tinyserve needs into tinyserve")
+
+
+#: A function longer than this holds more than one idea (the house style's limit).
+MAX_FUNCTION_LINES = 80
+
+
+def function_lengths(folder: Path, base: Path = ROOT) -> list[tuple[int, str]]:
+    """``(lines, "path:line name")`` of every function and method under ``folder`` (paths
+    relative to ``base``), longest first."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                found.append((lines, f"{path.relative_to(base)}:{node.lineno} {node.name}"))
+    return sorted(found, reverse=True)
+
+
+def test_no_function_in_tinyserve_passes_80_lines() -> None:
+    long = [f"{where} ({n} lines)" for n, where in function_lengths(PACKAGE)
+            if n > MAX_FUNCTION_LINES]
+    assert not long, f"split these along their own comments: {long}"
+
+
+def test_function_lengths_are_counted_from_the_source(tmp_path: Path) -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(81))
+    (tmp_path / "m.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}\n")
+    assert function_lengths(tmp_path, tmp_path) == [(82, "m.py:5 long"), (2, "m.py:1 short")]
+
+
+def test_every_assignment_has_its_exercise_test() -> None:
+    assignments = sorted(p.name for p in (ROOT / "solutions").iterdir() if p.is_dir()
+                         and any(p.glob("*.ipynb")))
+    missing = [a for a in assignments if not (ROOT / "tests" / f"test_{a}_exercise.py").exists()]
+    assert assignments and not missing, f"name each assignment's tests test_<assignment>_exercise.py: {missing}"
+
+
+if __name__ == "__main__":
+    import sys
+    for folder in sys.argv[1:] or ["tinyserve", "autograder"]:
+        print(f"{folder}: the longest functions (limit {MAX_FUNCTION_LINES} lines)")
+        for n, where in function_lengths(ROOT / folder)[:10]:
+            print(f"  {n:4d}  {where}")

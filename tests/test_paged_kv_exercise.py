@@ -20,10 +20,10 @@ SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
 TEST_POINTS = {"test_allocate": 2, "test_append_free": 2, "test_full": 1, "test_random": 2,
-               "test_slot": 2, "test_waste": 2, "test_choice_refcount": 1,
+               "test_slot": 2, "test_paged_attention": 3, "test_waste": 2, "test_choice_refcount": 1,
                "test_choice_block_size": 1}
 MANUAL_POINTS = {"written_chain_hash": 3}
-ANSWER_CELLS = {"allocator", "slot", "waste", "choice_refcount", "choice_block_size"}
+ANSWER_CELLS = {"allocator", "slot", "paged_attention", "waste", "choice_refcount", "choice_block_size"}
 
 
 def _answer(source, grade_id: str) -> str:
@@ -49,11 +49,24 @@ def test_source_assignment_specifics(source):
 
 
 PROBE = """
+def _paged_equals_contiguous():
+    # Keys of 37 tokens scattered over blocks 6, 1, 4 of 16 slots; the rest of the pool is stale.
+    k_pool, v_pool = torch.randn(8, 2, 16, 32) * 5, torch.randn(8, 2, 16, 32) * 5
+    k, v = torch.randn(2, 37, 32), torch.randn(2, 37, 32)
+    for i, b in enumerate([6, 1, 4]):
+        n = min(16, 37 - 16 * i)
+        k_pool[b, :, :n], v_pool[b, :, :n] = k[:, 16 * i:16 * i + n], v[:, 16 * i:16 * i + n]
+    q = torch.randn(8, 32)
+    want = torch.nn.functional.scaled_dot_product_attention(q[:, None], k, v, enable_gqa=True)[:, 0]
+    return bool(torch.allclose(paged_attention(q, k_pool, v_pool, [6, 1, 4], 16, 37), want, atol=1e-5))
+
+
 pool = BlockAllocator(8, 4)
 pool.allocate("a", 5); pool.allocate("b", 4); pool.append("a", 4); pool.free("b")
 print("PROBE " + json.dumps({"table": pool.tables["a"], "free": list(pool.free_list),
                              "slot": slot([7, 2, 5], 4, 9),
-                             "waste": waste_fractions([160, 20, 100], 512, 16)}))
+                             "waste": waste_fractions([160, 20, 100], 512, 16),
+                             "paged_equals_contiguous": _paged_equals_contiguous()}))
 """
 
 
@@ -62,6 +75,7 @@ def test_solution_passes_every_visible_and_hidden_test(source):
     assert got["table"] == [0, 1, 3] and got["free"] == [4, 5, 6, 7, 2]
     assert got["slot"] == 5 * 4 + 1                     # position 9: block table[9 // 4] = 5, offset 1
     assert got["waste"] == pytest.approx([1 - 280 / 1536, 1 - 280 / 304])
+    assert got["paged_equals_contiguous"] is True
 
 
 def test_solution_allocator_matches_the_engines_block_manager(source):
@@ -152,6 +166,15 @@ ALLOC = [
      "do not add up"),
 ]
 SLOT = "def slot(table, block_size, position):\n    return {body}"
+PAGED = ("def paged_attention(q, k_pool, v_pool, table, block_size, length):\n"
+         "    b = torch.tensor({order})\n"
+         "    k = k_pool[b].transpose(0, 1).reshape(k_pool.shape[1], -1, k_pool.shape[-1]){keep}\n"
+         "    v = v_pool[b].transpose(0, 1).reshape(k_pool.shape[1], -1, k_pool.shape[-1]){keep}\n"
+         "    g = q.shape[0] // k.shape[0]\n"
+         "    k, v = k.{rep}, v.{rep}\n"
+         "    w = torch.softmax((k @ q[:, :, None]).squeeze(-1) / math.sqrt(q.shape[-1]), dim=-1)\n"
+         "    return (w[:, None] @ v).squeeze(1)")
+GOOD_PAGED = dict(order="table", keep="[:, :length]", rep="repeat_interleave(g, dim=0)")
 WASTE = ("def waste_fractions(lengths, max_seq, block_size):\n"
          "    used = sum(lengths)\n"
          "    contiguous = len(lengths) * {seq}\n"
@@ -165,6 +188,9 @@ OTHER = [
     ("test_slot", SLOT.format(body="position"), "the position itself"),
     ("test_slot", SLOT.format(body="table[position % block_size] * block_size + position // block_size"),
      "swapped"),
+    ("test_paged_attention", PAGED.format(**dict(GOOD_PAGED, order="sorted(table)")), "TABLE order"),
+    ("test_paged_attention", PAGED.format(**dict(GOOD_PAGED, keep="")), "stale slots"),
+    ("test_paged_attention", PAGED.format(**dict(GOOD_PAGED, rep="repeat(g, 1, 1)")), "repeat_interleave"),
     ("test_waste", WASTE.format(**dict(GOOD_WASTE, blocks="n // block_size")), "round the blocks UP"),
     ("test_waste", WASTE.format(**dict(GOOD_WASTE, seq="max(lengths)")), "reserves max_seq"),
     ("test_waste", WASTE.format(**dict(GOOD_WASTE, ret="contiguous / used - 1, paged / used - 1")),

@@ -42,6 +42,18 @@ def test_latency_bars_draw_two_bars_with_units() -> None:
     assert len(ax.patches) == 7 and max(ends) == pytest.approx(1350)
 
 
+def test_latency_bars_zoom_keeps_every_ttft_segment_visible() -> None:
+    fig = latency_bars(_trace())
+    _render(fig)
+    zoom = fig.axes[1]
+    assert zoom.get_xlabel() == "time since arrival (ms), TTFT only"
+    # TTFT is 750 ms of a 1,350 ms request; the zoom spans TTFT alone, so prefill (250 ms)
+    # (to the first token) fills a third of its width, not a sliver of the shared axis.
+    assert zoom.get_xlim()[1] == pytest.approx(750 * 1.02)
+    assert [round(p.get_width()) for p in zoom.patches] == [50, 450, 250]
+    assert "prefill 250.00 ms" in zoom.get_title()
+
+
 def test_phase_costs_label_both_axes() -> None:
     fig = phase_costs({"KV cache": [(16, 2.0), (64, 5.0)], "no cache": [(16, 2.0), (64, 5.5)]},
                       {"KV cache": [(8, 20.0), (32, 80.0)]})

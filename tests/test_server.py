@@ -168,21 +168,103 @@ BAD = [
      "context window is 512 tokens; the prompt has 2 tokens and max_tokens is 600"),
     ("empty prompt", {"model": "target", "prompt": ""}, 400, "the prompt is empty"),
     ("bad token id", {"model": "target", "prompt": [1, 99999]}, 400, "token ids must be in [0, 4096)"),
-    ("n > 1", {"model": "target", "prompt": "hi", "n": 2}, 422, "only n=1 is supported"),
-    ("logprobs", {"model": "target", "prompt": "hi", "logprobs": 3}, 422, "logprobs are not supported"),
+    ("n > 1", {"model": "target", "prompt": "hi", "n": 2}, 400,
+     "the parameter 'n' is not supported by this server (got 2): send one request"),
+    ("logprobs", {"model": "target", "prompt": "hi", "logprobs": 3}, 400,
+     "the parameter 'logprobs' is not supported"),
+    ("echo", {"model": "target", "prompt": "hi", "echo": True}, 400,
+     "the parameter 'echo' is not supported"),
+    ("best_of", {"model": "target", "prompt": "hi", "best_of": 3}, 400,
+     "the parameter 'best_of' is not supported"),
+    ("penalty", {"model": "target", "prompt": "hi", "presence_penalty": 0.5}, 400,
+     "the parameter 'presence_penalty' is not supported"),
+    ("long value capped", {"model": "target", "prompt": "hi", "suffix": "x" * 500}, 400,
+     "(got 'xxxxxxxx"),
     ("too many stops", {"model": "target", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400,
      "stop takes up to 4"),
 ]
 
+USER = [{"role": "user", "content": "Subject: Login fails"}]
+BAD_CHAT = [
+    ("tools", {"model": "target", "messages": USER, "tools": [
+        {"type": "function", "function": {"name": "lookup", "parameters": {}}}]}, 400,
+     "the parameter 'tools' is not supported by this server"),
+    ("tool_choice", {"model": "target", "messages": USER, "tool_choice": "auto"}, 400,
+     "the parameter 'tool_choice' is not supported"),
+    ("response_format", {"model": "target", "messages": USER,
+                         "response_format": {"type": "json_object"}}, 400,
+     "the parameter 'response_format' is not supported"),
+    ("n > 1", {"model": "target", "messages": USER, "n": 3}, 400,
+     "the parameter 'n' is not supported"),
+    ("logprobs", {"model": "target", "messages": USER, "logprobs": True, "top_logprobs": 2}, 400,
+     "the parameter 'logprobs' is not supported"),
+    ("image part", {"model": "target", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}, 400,
+     "content parts of type 'image_url' are not supported; this model reads text only"),
+    ("part without text", {"model": "target", "messages": [{"role": "user", "content": [
+        {"type": "text"}]}]}, 400, "parts of type 'text' with a 'text' string"),
+    ("max_completion_tokens too long", {"model": "target", "messages": USER,
+                                        "max_completion_tokens": 600}, 400,
+     "max_completion_tokens is 600"),
+    ("max_completion_tokens zero", {"model": "target", "messages": USER,
+                                    "max_completion_tokens": 0}, 422,
+     "max_completion_tokens: Input should be greater than or equal to 1"),
+    ("tool role", {"model": "target", "messages": [{"role": "tool", "content": "42"}]}, 422,
+     "messages.0.role"),
+]
+
+
+def _post(url: str, path: str, body: str | dict) -> httpx.Response:
+    content = body if isinstance(body, str) else json.dumps(body)
+    return httpx.post(f"{url}{path}", content=content,
+                      headers={"content-type": "application/json"}, timeout=30)
+
 
 @pytest.mark.parametrize("name,body,status,message", BAD, ids=[b[0] for b in BAD])
 def test_bad_inputs_get_their_status_and_message(server, name, body, status, message) -> None:
-    url, _ = server
-    content = body if isinstance(body, str) else json.dumps(body)
-    r = httpx.post(f"{url}/v1/completions", content=content,
-                   headers={"content-type": "application/json"}, timeout=30)
+    r = _post(server[0], "/v1/completions", body)
     assert r.status_code == status, r.text
     assert message in r.json()["error"]["message"]
+    if status == 400 and "parameter" in message:
+        assert r.json()["error"]["param"] == message.split("'")[1]
+        assert len(r.json()["error"]["message"]) < 300      # the echoed value is capped
+
+
+@pytest.mark.parametrize("name,body,status,message", BAD_CHAT, ids=[b[0] for b in BAD_CHAT])
+def test_bad_chat_inputs_get_their_status_and_message(server, name, body, status, message) -> None:
+    r = _post(server[0], "/v1/chat/completions", body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+
+
+def test_chat_content_as_text_parts_equals_a_string(server) -> None:
+    client = _client(server[0])
+    kwargs = dict(model="target", max_tokens=24, temperature=0)
+    plain = client.chat.completions.create(messages=[
+        {"role": "system", "content": "Plan: Team"},
+        {"role": "user", "content": "Subject: Login fails\nI cannot log in."}], **kwargs)
+    parts = client.chat.completions.create(messages=[
+        {"role": "developer", "content": [{"type": "text", "text": "Plan: Team"}]},
+        {"role": "user", "content": [{"type": "text", "text": "Subject: Login fails"},
+                                     {"type": "text", "text": "I cannot log in."}]}], **kwargs)
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_max_completion_tokens_is_honoured_and_preferred(server) -> None:
+    client = _client(server[0])
+    r = client.chat.completions.create(model="target", messages=USER, temperature=0,
+                                       max_completion_tokens=5, max_tokens=50)
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+
+
+def test_parameters_at_their_unused_values_are_accepted(server) -> None:
+    r = _client(server[0]).chat.completions.create(
+        model="target", messages=USER, max_tokens=3, temperature=0, n=1, logprobs=False,
+        response_format={"type": "text"}, presence_penalty=0, user="learner-1",
+        metadata={"course": "ch9"})
+    assert r.usage.completion_tokens == 3
 
 
 def test_chat_must_end_with_a_user_message(server) -> None:

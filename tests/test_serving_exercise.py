@@ -140,6 +140,8 @@ MISTAKES = [
     ("test_stream_itl",
      STREAM.format(**dict(GOOD, itl="[b - a for a, b in zip([send_time] + times, times)]")),
      "a gap too many"),
+    ("test_stream_itl", STREAM.format(**dict(GOOD, itl="[b - times[0] for b in times[1:]]")),
+     "measured from the first token"),
     ("test_stream_tpot_e2e", STREAM.format(**dict(GOOD, e2e="events[-1][0] - send_time")),
      "arrival of [DONE]"),
     ("test_stream_tpot_e2e", STREAM.format(**dict(GOOD, tpot="(e2e - ttft) / len(times)")),

@@ -16,6 +16,8 @@ One request (chapters 0-2)
     sampling        greedy, temperature, top-k, top-p, seeded
     generate        the recompute loop and the cached loop with a clock (prefill, decode)
     kv_cache        the contiguous KV cache
+    compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
+    roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
 
 Many requests (chapters 3-5)
@@ -37,14 +39,17 @@ Cheaper tokens (chapters 6-8)
 Serving (chapter 9)
     serving/        ``server`` (the OpenAI-compatible app), ``async_engine`` (the step loop
                     behind it), ``api_schema`` (request bodies, chat template),
-                    ``server_metrics`` (Prometheus), ``routing`` (replicas),
-                    ``local_servers`` (our server on a free port)
+                    ``server_metrics`` (Prometheus), ``options`` (the server's knobs
+                    and defaults), ``routing`` (replicas), ``local_servers`` (our server
+                    on a free port)
     loadgen/        ``generator`` (arrivals, streamed requests, summaries), ``prompts``,
                     ``cli`` (``python -m tinyserve loadgen``), ``plot``
 
 Around it
-    workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (predict-first
-                    widget), ``plots``, ``model_card``
+    workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (the KV calculator
+                    widget), ``predict`` (commit a guess, then measure), ``roofline_lab``
+                    (predict where decode stops being memory-bound), ``plots``,
+                    ``model_card``, ``study_time`` (estimated working time per notebook)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints

@@ -21,11 +21,10 @@ from safetensors.torch import load_file, save_file
 from .config import ModelConfig
 from .device import resolve
 from .model import TinyLlama
-from .paths import ASSETS
+from .paths import ASSETS, MODEL_NAMES
 
 MODELS_DIR = ASSETS / "models"
 MANIFEST = ASSETS / "MANIFEST.sha256"
-MODEL_NAMES = ("target", "draft")
 
 
 def sha256_of(path: Path) -> str:

@@ -97,11 +97,16 @@ def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCa
 def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
                     sampling: SamplingParams = SamplingParams(),
                     stop_ids: tuple[int, ...] = (), use_cache: bool = True,
-                    trace: RequestTrace | None = None) -> Iterator[int]:
+                    trace: RequestTrace | None = None, compile: bool = False) -> Iterator[int]:
     """Yield up to ``max_tokens`` new tokens as they are sampled; record timestamps in
     ``trace`` if given (its ``arrival`` is kept, so a caller can stamp it when the request
     really arrived). Stops after a stop token (yielded) or at the end of the context window.
+
+    ``compile`` runs decode steps through :mod:`tinyserve.compiled` (a static cache and a
+    ``torch.compile``-d step; the first request pays the compile time).
     """
+    if compile and not use_cache:
+        raise ValueError("compile needs the KV cache: drop --no-cache or --compile")
     device = model.device
     if trace is None:
         trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(device))
@@ -110,7 +115,12 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
     # Admission: the request is valid and its KV memory is reserved (prompt + output slots).
-    cache = KVCache.for_model(model, 1, len(prompt_ids) + steps) if use_cache else None
+    decoder = None
+    if compile:
+        from .compiled import compiled_decoder
+        decoder = compiled_decoder(model, 1)
+    cache = (decoder.cache if decoder is not None else
+             KVCache.for_model(model, 1, len(prompt_ids) + steps) if use_cache else None)
     generator = sampling.generator()
     ids = torch.tensor([prompt_ids], device=device)
     trace.admitted = clock(device)
@@ -131,7 +141,9 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
             break
         if step == steps - 1:
             break  # no forward pass for a token nobody will sample
-        if cache is not None:
+        if decoder is not None:
+            logits = decoder.step(token, torch.tensor([position], device=device))
+        elif cache is not None:
             logits = decode_step(model, token, torch.tensor([position], device=device), cache)
         else:
             ids = torch.cat([ids, token[:, None]], dim=1)
@@ -142,11 +154,12 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
 
 def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
              sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
-             use_cache: bool = True) -> RequestTrace:
+             use_cache: bool = True, compile: bool = False) -> RequestTrace:
     """Run :func:`generate_stream` to the end; the trace holds the tokens and timestamps."""
     trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(model.device))
     for _ in generate_stream(model, prompt_ids, max_tokens, sampling=sampling,
-                             stop_ids=stop_ids, use_cache=use_cache, trace=trace):
+                             stop_ids=stop_ids, use_cache=use_cache, trace=trace,
+                             compile=compile):
         pass
     return trace
 

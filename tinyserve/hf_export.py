@@ -1,7 +1,8 @@
 """Export a shipped model as a Hugging Face Llama checkpoint folder.
 
 The folder loads with ``LlamaForCausalLM.from_pretrained(out)`` and
-``AutoTokenizer.from_pretrained(out)`` offline, and so in any Llama-compatible server.
+``AutoTokenizer.from_pretrained(out)`` offline, and so in any Llama-compatible server; the
+tokenizer carries our server's chat template (``apply_chat_template`` gives our prompt ids).
 Written without importing ``transformers``: it is only a test oracle here, not a runtime
 dependency. Our parameter names already are Hugging Face's, so the weights are a plain copy.
 """
@@ -16,6 +17,7 @@ from safetensors.torch import save_file
 from .checkpoint import load_model
 from .config import ModelConfig
 from .model import TinyLlama
+from .serving.api_schema import CHAT_TEMPLATE
 from .tokenizer import TinyTokenizer, load_tokenizer
 
 
@@ -79,5 +81,8 @@ def write_hf_checkpoint(model: TinyLlama, tok: TinyTokenizer, out_dir: Path | st
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": config["max_position_embeddings"],
         "add_bos_token": False, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False, **specials}, indent=2) + "\n")
+        "clean_up_tokenization_spaces": False, **specials,
+        # Our server's chat template, so transformers (and any server reading this folder)
+        # turns messages into the same prompt ids as ours.
+        "chat_template": CHAT_TEMPLATE}, indent=2) + "\n")
     return out

@@ -89,8 +89,9 @@ class KVCache:
         if layer == 0:  # every layer sees the same positions: do the bookkeeping once
             self._advance(positions)
         if isinstance(self._write, slice):  # every row writes the same slot: a plain copy
-            self.k[layer, :, :, self._write] = k
-            self.v[layer, :, :, self._write] = v
+            start = self._write.start
+            self.k[layer].narrow(2, start, T).copy_(k)
+            self.v[layer].narrow(2, start, T).copy_(v)
         else:
             rows, slots = self._write
             # Advanced indices (rows, slots) around a slice put (B, T) first: (B, T, n_kv, hd).
@@ -98,7 +99,7 @@ class KVCache:
             self.v[layer][rows, :, slots] = v.transpose(1, 2)
         assert self._k_positions is not None
         n = self._k_positions.shape[1]
-        return self.k[layer, :, :, :n], self.v[layer, :, :, :n], self._k_positions
+        return self.k[layer].narrow(2, 0, n), self.v[layer].narrow(2, 0, n), self._k_positions
 
     def _advance(self, positions: Tensor) -> None:
         if positions.numel() == 0:

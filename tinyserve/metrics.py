@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -45,6 +45,42 @@ class RequestTrace:
     @property
     def output_tokens(self) -> int:
         return len(self.token_times)
+
+    # The RequestTimes protocol, so SLO.met and summarize read a trace as they read a client's
+    # view of a request (tinyserve.loadgen's Result).
+    @property
+    def ttft(self) -> float:
+        return ttft(self)
+
+    @property
+    def tpot(self) -> float | None:
+        return tpot(self)
+
+    @property
+    def e2e(self) -> float:
+        return e2e(self)
+
+    @property
+    def itl(self) -> list[float]:
+        return itl(self)
+
+
+class RequestTimes(Protocol):
+    """What the latency figures read of one request, in seconds: the engine's
+    :class:`RequestTrace` (server side) and the load generator's ``Result`` (client side)."""
+
+    prompt_tokens: int
+
+    @property
+    def output_tokens(self) -> int: ...
+    @property
+    def ttft(self) -> float: ...
+    @property
+    def tpot(self) -> float | None: ...
+    @property
+    def e2e(self) -> float: ...
+    @property
+    def itl(self) -> list[float]: ...
 
 
 def _require(value: float | None, name: str) -> float:
@@ -106,17 +142,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q))
 
 
-def summarize(traces: Sequence[RequestTrace],
+def summarize(traces: Sequence[RequestTimes],
               percentiles: Sequence[float] = (50, 90, 99)) -> dict[str, Any]:
     """Mean, median and percentiles of TTFT, TPOT, ITL and E2E in milliseconds, with the
-    key names of vLLM's benchmark report (``mean_ttft_ms``, ``p99_itl_ms`` ...)."""
+    key names of vLLM's benchmark report (``mean_ttft_ms``, ``p99_itl_ms`` ...), of completed
+    requests: engine traces or the load generator's results."""
     if not traces:
         raise ValueError("no requests to summarize")
     series = {
-        "ttft": [ttft(t) for t in traces],
-        "tpot": [x for t in traces if (x := tpot(t)) is not None],
-        "itl": [gap for t in traces for gap in itl(t)],   # pooled across requests
-        "e2el": [e2e(t) for t in traces],
+        "ttft": [t.ttft for t in traces],
+        "tpot": [x for t in traces if (x := t.tpot) is not None],
+        "itl": [gap for t in traces for gap in t.itl],   # pooled across requests
+        "e2el": [t.e2e for t in traces],
     }
     out: dict[str, Any] = {"completed": len(traces),
                            "total_output_tokens": sum(t.output_tokens for t in traces),
@@ -147,15 +184,17 @@ def summary_line(trace: RequestTrace) -> str:
 
 @dataclass(frozen=True)
 class SLO:
-    """Service-level objectives a request must meet to count toward goodput (None = no limit)."""
+    """Service-level objectives a request must meet to count toward goodput, in milliseconds
+    (None = no limit). The one SLO type: the engine's traces and the load generator's results
+    are both :class:`RequestTimes`."""
 
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
 
-    def met(self, trace: RequestTrace) -> bool:
-        checks = ((self.ttft_ms, ttft(trace)), (self.tpot_ms, tpot(trace)),
-                  (self.e2el_ms, e2e(trace)))
+    def met(self, request: RequestTimes) -> bool:
+        checks = ((self.ttft_ms, request.ttft), (self.tpot_ms, request.tpot),
+                  (self.e2el_ms, request.e2e))
         return all(limit is None or value is None or value * 1e3 <= limit
                    for limit, value in checks)
 

@@ -9,6 +9,8 @@ PACKAGE = Path(__file__).resolve().parent
 #: Shipped files (package data): the models, the tokenizer, the simulator's cost model and
 #: the Harbor ticket fixtures the load generator replays.
 ASSETS = PACKAGE / "assets"
+#: The shipped models, each a folder under ``ASSETS / "models"``; every ``--model`` choice.
+MODEL_NAMES = ("target", "draft")
 #: Harbor's 200 fictional tickets; a copy of ``harbor_project/fixtures/tickets.jsonl`` (the
 #: learners' project file), kept identical by ``harbor_project/tools/make_tickets.py``.
 HARBOR_TICKETS = ASSETS / "harbor" / "tickets.jsonl"

@@ -44,7 +44,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LOW", "HIGH"),
                    help="output caps for --dataset uniform (inclusive range)")
     p.add_argument("--ignore-eos", action="store_true",
-                   help="send vLLM's ignore_eos (exact output lengths there; ours ignores it)")
+                   help="send ignore_eos (vLLM's extension, which our server honours too): run "
+                        "every request to its max_tokens, for exact output lengths")
     p.add_argument("--slo-ttft-ms", type=float, default=None)
     p.add_argument("--slo-tpot-ms", type=float, default=None)
     p.add_argument("--slo-e2el-ms", type=float, default=None)
@@ -63,7 +64,8 @@ def add_parser(sub: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     from ..tables import table
     from .prompts import Prompt, corpus_prompts, harbor_prompts, ticket_prompts
-    from .generator import SLOs, TABLE_COLUMNS, knee, run_load, summarize, table_rows
+    from .generator import TABLE_COLUMNS, knee, run_load, run_metrics, table_rows
+    from ..metrics import SLO
     from ..serving.local_servers import server_processes
     from ..serving.routing import make_router, prompt_router
     from ..workload import Uniform
@@ -85,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
                 raise ValueError(f"{name} takes LOW HIGH with 1 <= LOW <= HIGH, got {low} {high}")
         prompts = ticket_prompts(args.num_requests, Uniform(*args.prompt_len),
                                  Uniform(*args.output_len), seed=args.seed)
-    slos = SLOs(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2el_ms)
+    slo = SLO(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2el_ms)
     with contextlib.ExitStack() as stack:
         urls = args.url or stack.enter_context(server_processes(args.replicas))
         print(f"{len(prompts)} requests to {', '.join(urls)} (model {args.model})", flush=True)
@@ -99,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
             results = run_load(urls, args.model, prompts, rate=rate, burstiness=args.burstiness,
                                concurrency=args.concurrency, seed=args.seed, router=router,
                                ignore_eos=args.ignore_eos)
-            points.append({"rate": rate, "metrics": summarize(results, slos, args.price_per_hour,
+            points.append({"rate": rate, "metrics": run_metrics(results, slo, args.price_per_hour,
                                                               args.input_weight),
                            "errors": sorted({r.error for r in results if not r.ok})[:3]})
     print(table(TABLE_COLUMNS, table_rows(points)))
@@ -117,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
         clean = lambda x: None if isinstance(x, float) and math.isinf(x) else x  # noqa: E731
         data = {"metrics": {"rate": clean(points[k]["rate"]), **m},
                 "points": [{**p, "rate": clean(p["rate"])} for p in points],
-                "knee_index": k, "slo": slos.__dict__, "model": args.model,
+                "knee_index": k, "slo": slo.__dict__, "model": args.model,
                 "urls": list(urls), "route": args.route, "dataset": args.dataset}
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -6,7 +6,12 @@ timestamped on arrival at the client. From those timestamps come the standard se
 figures (the definitions of :mod:`tinyserve.metrics`, as in vLLM's benchmark):
 
 - **TTFT** first chunk - send time; **ITL** every gap between chunks (pooled over requests);
-  **TPOT** (E2E - TTFT) / (output tokens - 1) per request; **E2E** last chunk - send time;
+  **TPOT** (E2E - TTFT) / (output tokens - 1) per request; **E2E** last chunk - send time.
+  The *send time* is when the request's first bytes go out (httpcore's
+  ``send_request_headers`` trace event): after a connection was taken from the pool (or
+  opened) and the request built, so waiting for a free connection or building the body is
+  not counted as the server's latency (guidellm's HTTP backend starts its clock at the same
+  event);
 - **request / output throughput** completed requests and output tokens per second of the
   run (first send to last finish); **goodput** completed requests per second that met every
   SLO given (TTFT, TPOT, E2E limits in ms); failed or refused requests (429) count for nothing.
@@ -15,10 +20,9 @@ Arrivals are Poisson or bursty at a rate (:func:`tinyserve.workload.arrival_time
 everything at once with a concurrency cap (a fixed number of users, each sending its next
 request as soon as the last one finished). Prompts come from :mod:`tinyserve.loadgen.prompts`.
 
-Output lengths: our server always stops at ``<|end|>`` (there is no ``ignore_eos``), so a
-request's ``max_tokens`` is a cap, and the report uses the *real* output lengths from the
-final usage chunk. Against vLLM, ``ignore_eos=True`` sends vLLM's flag to force exact
-lengths (our server accepts and ignores unknown fields).
+Output lengths: by default a request stops at ``<|end|>``, so its ``max_tokens`` is a cap, and
+the report uses the *real* output lengths from the final usage chunk. ``ignore_eos=True``
+sends vLLM's flag, which our server honours too, to force exact lengths.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .prompts import Prompt
-from ..metrics import percentile
+from ..metrics import SLO, summarize
 from ..workload import arrival_times
 
 
@@ -75,19 +79,6 @@ class Result:
         return [b - a for a, b in zip(t, t[1:])]
 
 
-@dataclass(frozen=True)
-class SLOs:
-    """Limits in milliseconds; ``None`` means no limit on that figure."""
-
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
-
-    def met(self, r: Result) -> bool:
-        checks = ((self.ttft_ms, r.ttft), (self.tpot_ms, r.tpot), (self.e2el_ms, r.e2e))
-        return r.ok and all(lim is None or v is None or v * 1e3 <= lim for lim, v in checks)
-
-
 async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
                ignore_eos: bool = False, replica: int = 0) -> Result:
     """One streamed completion; every chunk is timestamped as it arrives."""
@@ -97,9 +88,23 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
     if ignore_eos:
         body["ignore_eos"] = True
     res = Result(prompt.prompt_tokens, time.perf_counter(), replica=replica)
+
+    sent = False
+
+    async def on_send(event: str, info: dict[str, Any]) -> None:
+        # The clock starts as the request's headers first go out (see the module docstring);
+        # a proxy's CONNECT is not the request.
+        nonlocal sent
+        request = info.get("request")
+        if sent or not event.endswith("send_request_headers.started") or \
+                (request is not None and request.method == b"CONNECT"):
+            return
+        sent = True
+        res.start = time.perf_counter()
+
     try:
         async with client.stream("POST", base_url.rstrip("/") + "/v1/completions",
-                                 json=body) as r:
+                                 json=body, extensions={"trace": on_send}) as r:
             res.status = r.status_code
             if r.status_code != 200:
                 raw = (await r.aread()).decode(errors="replace")
@@ -202,9 +207,12 @@ def run_load(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt], *
         return pool.submit(lambda: asyncio.run(coro())).result()[0]
 
 
-def summarize(results: Sequence[Result], slos: SLOs | None = None,
-              price_per_hour: float | None = None, input_weight: float = 1.0) -> dict[str, float]:
-    """The benchmark figures of one run, keyed like ``ttft_ms_p99`` / ``goodput``.
+def run_metrics(results: Sequence[Result], slo: SLO | None = None,
+                price_per_hour: float | None = None, input_weight: float = 1.0) -> dict[str, float]:
+    """The figures of one run: throughput over the run (first send to last answer), goodput
+    against ``slo`` (failed requests count for nothing and against the attainment), cost,
+    and :func:`tinyserve.metrics.summarize`'s latency figures of the completed requests
+    (``p99_ttft_ms``, ``mean_itl_ms`` ...: vLLM's names).
 
     Cost: with ``price_per_hour`` (the machine's, any currency), the hour is split between
     input and output tokens in proportion to ``tokens * weight`` (input tokens weigh
@@ -217,26 +225,16 @@ def summarize(results: Sequence[Result], slos: SLOs | None = None,
         raise RuntimeError(f"no request completed ({len(results)} sent); errors: {errors}")
     start = min(r.start for r in results)
     duration = max(r.end or r.start for r in results) - start
-    n_in, n_out = sum(r.prompt_tokens for r in ok), sum(r.output_tokens for r in ok)
-    slos = slos or SLOs()
+    latency = summarize(ok)
+    n_in, n_out = latency["total_input_tokens"], latency["total_output_tokens"]
+    good = sum((slo or SLO()).met(r) for r in ok)
     out: dict[str, float] = {
-        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
-        "total_input_tokens": n_in, "total_output_tokens": n_out,
+        "failed": len(results) - len(ok), "duration_s": duration,
         "mean_output_tokens": n_out / len(ok),
         "request_throughput": len(ok) / duration, "output_throughput": n_out / duration,
         "input_throughput": n_in / duration,
-        "goodput": sum(slos.met(r) for r in ok) / duration,
-        "slo_attainment": sum(slos.met(r) for r in ok) / len(results),
+        "goodput": good / duration, "slo_attainment": good / len(results), **latency,
     }
-    series = {"ttft": [r.ttft for r in ok], "tpot": [x for r in ok if (x := r.tpot) is not None],
-              "itl": [g for r in ok for g in r.itl], "e2el": [r.e2e for r in ok]}
-    for name, values in series.items():
-        if not values:
-            continue
-        ms = [v * 1e3 for v in values]
-        out[f"{name}_ms_mean"] = float(np.mean(ms))
-        for q in (50, 90, 99):
-            out[f"{name}_ms_p{q}"] = percentile(ms, q)
     if price_per_hour is not None:
         weighted = input_weight * n_in + n_out
         per_hour = 3600 / duration            # runs of this run's length in an hour
@@ -247,7 +245,7 @@ def summarize(results: Sequence[Result], slos: SLOs | None = None,
 
 
 def sweep(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt],
-          rates: Sequence[float], *, slos: SLOs | None = None,
+          rates: Sequence[float], *, slo: SLO | None = None,
           price_per_hour: float | None = None, input_weight: float = 1.0,
           burstiness: float = 1.0, seed: int = 0, router: Router | None = None,
           on_point: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -256,7 +254,7 @@ def sweep(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt],
     for rate in rates:
         results = run_load(urls, model, prompts, rate=rate, burstiness=burstiness, seed=seed,
                            router=router)
-        point = {"rate": rate, "metrics": summarize(results, slos, price_per_hour, input_weight),
+        point = {"rate": rate, "metrics": run_metrics(results, slo, price_per_hour, input_weight),
                  "errors": sorted({r.error for r in results if not r.ok})[:3]}
         points.append(point)
         if on_point is not None:
@@ -280,6 +278,6 @@ def table_rows(points: Sequence[dict[str, Any]]) -> list[list[Any]]:
     for p in points:
         m = p["metrics"]
         rows.append([f"{p['rate']:g}", m["request_throughput"], m["output_throughput"],
-                     m["goodput"], m["ttft_ms_p50"], m["ttft_ms_p99"], m.get("tpot_ms_p50", "-"),
-                     m.get("itl_ms_p99", "-"), m["e2el_ms_p99"], m["failed"]])
+                     m["goodput"], m["p50_ttft_ms"], m["p99_ttft_ms"], m.get("p50_tpot_ms", "-"),
+                     m.get("p99_itl_ms", "-"), m["p99_e2el_ms"], m["failed"]])
     return rows

@@ -25,8 +25,8 @@ def plot_sweep(points: Sequence[dict[str, Any]], path: str | None = None,
     m = [p["metrics"] for p in points]
     k = knee(points)
     fig, (lat, good) = plt.subplots(1, 2, figsize=(11, 4))
-    for key, label, style in (("ttft_ms_p50", "TTFT p50", "o-"), ("ttft_ms_p99", "TTFT p99", "o--"),
-                              ("tpot_ms_p50", "TPOT p50", "s-"), ("itl_ms_p99", "ITL p99", "s--")):
+    for key, label, style in (("p50_ttft_ms", "TTFT p50", "o-"), ("p99_ttft_ms", "TTFT p99", "o--"),
+                              ("p50_tpot_ms", "TPOT p50", "s-"), ("p99_itl_ms", "ITL p99", "s--")):
         lat.plot(rates, [x.get(key, float("nan")) for x in m], style, label=label)
     lat.set_yscale("log")
     lat.set_xlabel("offered load (requests/s)")

@@ -6,8 +6,10 @@
   events with ``"stream": true`` (one chunk per generated token, then ``data: [DONE]``);
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
 
-The path of one request: the handler validates the body and tokenizes the prompt, checks
-prompt + ``max_tokens`` against the context window (400 naming both), and submits it to the
+The path of one request: the handler validates the body (a parameter it cannot honour gets a
+400 naming it), turns chat messages into a prompt with the chat template and tokenizes it,
+checks prompt + ``max_tokens`` (or chat's ``max_completion_tokens``) against the context
+window (400 naming both), and submits it to the
 :class:`~tinyserve.serving.async_engine.AsyncEngine`. It then waits for the *first* token before
 answering, so a request refused after queueing (queue full, deadline passed: 429 with
 ``Retry-After``) still gets a proper status code instead of a stream that breaks. Tokens are
@@ -36,6 +38,8 @@ from ..generate import PromptError
 from ..metrics import RequestTrace
 from ..model import TinyLlama
 from ..sampling import SamplingParams
+from .api_schema import context_window_message
+from .options import ServeOptions
 from .server_metrics import ServerMetrics
 from ..tokenizer import TinyTokenizer
 
@@ -154,17 +158,18 @@ class OpenAIServer:
     # ---- endpoints ------------------------------------------------------------------------------
     async def completions(self, body: api.CompletionRequest, request: Request) -> Response:
         arrival = time.perf_counter()
-        self._check_model(body.model)
-        if body.echo:
-            raise APIError(400, "echo is not supported", param="echo")
+        self._check_request(body)
         ids = self._tokens(body.prompt)  # type: ignore[arg-type]
-        return await self._respond(request, body, ids, body.max_tokens, False, arrival)
+        return await self._respond(request, body, ids, False, arrival)
 
     async def chat(self, body: api.ChatRequest, request: Request) -> Response:
         arrival = time.perf_counter()
-        self._check_model(body.model)
-        ids = self._tokens(api.chat_prompt(body.messages))
-        return await self._respond(request, body, ids, body.max_tokens, True, arrival)
+        self._check_request(body)
+        try:
+            prompt = api.chat_prompt(body.messages)
+        except ValueError as e:
+            raise APIError(400, str(e), param="messages") from None
+        return await self._respond(request, body, self._tokens(prompt), True, arrival)
 
     async def models(self) -> dict[str, Any]:
         return {"object": "list", "data": [{"id": self.state.model_name, "object": "model",
@@ -211,11 +216,15 @@ class OpenAIServer:
             self.state.metrics.requests.labels(path, str(status)).inc()
 
     # ---- the shared path of both endpoints ------------------------------------------------------
-    def _check_model(self, name: str) -> None:
-        if name != self.state.model_name:
-            raise APIError(404, f"the model '{name}' does not exist; this server serves "
+    def _check_request(self, body: api.CommonParams) -> None:
+        """404 for another model, 400 naming a parameter we cannot honour."""
+        if body.model != self.state.model_name:
+            raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
                                 f"'{self.state.model_name}' (see GET /v1/models)",
                            "not_found_error", "model", "model_not_found")
+        refused = body.unsupported()
+        if refused is not None:
+            raise APIError(400, refused[1], param=refused[0], code="unsupported_parameter")
 
     def _tokens(self, prompt: str | list[int]) -> list[int]:
         tok = self.state.tokenizer
@@ -232,14 +241,14 @@ class OpenAIServer:
         return list(prompt)
 
     async def _start(self, request: Request, body: api.CommonParams, ids: list[int],
-                     max_tokens: int | None, arrival: float) -> tuple[RequestStream, Any]:
+                     arrival: float) -> tuple[RequestStream, Any]:
         """Submit the request and wait for its first token (or its refusal, as an HTTP error)."""
-        window = self.state.window
+        window, max_tokens, name = self.state.window, body.token_limit(), body.token_limit_name()
         if max_tokens is None:
             max_tokens = window - len(ids)
         if len(ids) + max_tokens > window:
-            raise APIError(400, context_window_message(window, len(ids), max_tokens),
-                           param="max_tokens", code="context_length_exceeded")
+            raise APIError(400, context_window_message(window, len(ids), max_tokens, name),
+                           param=name, code="context_length_exceeded")
         try:
             body.stop_strings()              # validated here, applied by _TextStream
         except ValueError as e:
@@ -278,8 +287,8 @@ class OpenAIServer:
             raise APIError(503, str(e), "service_unavailable") from None
 
     async def _respond(self, request: Request, body: api.CommonParams, ids: list[int],
-                       max_tokens: int | None, chat: bool, arrival: float) -> Response:
-        stream, first = await self._start(request, body, ids, max_tokens, arrival)
+                       chat: bool, arrival: float) -> Response:
+        stream, first = await self._start(request, body, ids, arrival)
         reply = _Reply(rid=("chatcmpl-" if chat else "cmpl-") + stream.request_id.split("-")[-1],
                        chat=chat, prompt_tokens=len(ids),
                        text=_TextStream(self.state.tokenizer, body.stop_strings()))
@@ -344,13 +353,6 @@ class OpenAIServer:
             stream.cancel()   # a no-op when finished; on a disconnect it frees the blocks
 
 
-def context_window_message(window: int, prompt_tokens: int, max_tokens: int) -> str:
-    """The 400 for a request past the context window; ``generate`` refuses with the same."""
-    return (f"this model's context window is {window} tokens; the prompt has {prompt_tokens} "
-            f"tokens and max_tokens is {max_tokens} ({prompt_tokens + max_tokens} in all); "
-            f"shorten the prompt or lower max_tokens")
-
-
 def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
                tokenizer: TinyTokenizer | None = None, engine_config: EngineConfig | None = None,
                max_waiting: int = 64, queue_timeout_s: float | None = 30.0,
@@ -364,7 +366,7 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
         from ..tokenizer import load_tokenizer
         tokenizer = load_tokenizer()
     server = OpenAIServer(ServerState(
-        model_name, model, tokenizer, engine_config or EngineConfig(**SERVE_DEFAULTS),
+        model_name, model, tokenizer, engine_config or EngineConfig(**ServeOptions().engine_sizes()),
         max_waiting=max_waiting, queue_timeout_s=queue_timeout_s, drain_timeout_s=drain_timeout_s))
     app = FastAPI(title="tinyserve", lifespan=server.lifespan,
                   description="OpenAI-compatible completions over the course's engine")
@@ -377,11 +379,6 @@ def create_app(model_name: str = "target", *, model: TinyLlama | None = None,
     app.get("/health")(server.health)
     app.get("/metrics")(server.metrics)
     return app
-
-
-#: The engine's sizes when none are given: ``python -m tinyserve serve``'s defaults too.
-SERVE_DEFAULTS: dict[str, Any] = {"num_blocks": 1024, "block_size": 16, "max_num_seqs": 16,
-                                  "max_num_batched_tokens": 256}
 
 
 def _finish_reason(engine_reason: str | None) -> str:

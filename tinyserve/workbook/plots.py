@@ -39,8 +39,10 @@ def latency_bars(trace: RequestTrace) -> Figure:
     """Two horizontal bars: TTFT split into admission, queue and prefill; completion as TTFT
     followed by each decode step."""
     seg = latency_segments(trace)
-    fig = Figure(figsize=(9, 2.8), layout="constrained")
-    ax = fig.subplots()
+    # TTFT is often a few percent of completion, too thin to read on the shared axis, so a
+    # second panel draws it alone on its own scale (issue 17: every segment stays visible).
+    fig = Figure(figsize=(9, 3.8), layout="constrained")
+    ax, zoom = fig.subplots(2, 1, height_ratios=(2, 1))
     left = 0.0
     for name in ("admission", "queue", "prefill"):
         width = float(seg[name])  # type: ignore[arg-type]
@@ -58,6 +60,19 @@ def latency_bars(trace: RequestTrace) -> Figure:
     ax.set_title(summary_line(trace) if trace.finish is not None else "request latency",
                  fontsize=9)
     ax.legend(loc="lower right", fontsize=8, ncol=5)
+    left = 0.0
+    for name in ("admission", "queue", "prefill"):
+        width = float(seg[name])  # type: ignore[arg-type]
+        zoom.barh("TTFT", width, left=left, color=PHASE_COLORS[name])
+        if width > 0.12 * ttft_ms:  # label the segments wide enough to hold their number
+            zoom.text(left + width / 2, 0, f"{name} {width:.1f} ms", ha="center",
+                      va="center", fontsize=8)
+        left += width
+    zoom.set_xlim(0, ttft_ms * 1.02 if ttft_ms > 0 else 1)
+    zoom.set_xlabel("time since arrival (ms), TTFT only")
+    zoom.set_title(f"TTFT zoomed: admission {float(seg['admission']):.2f} ms, queue "
+                   f"{float(seg['queue']):.2f} ms, prefill {float(seg['prefill']):.2f} ms",
+                   fontsize=9)
     return fig
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-# The notebook helpers live in exercise_checks (test_speculative_decoding still imports them
+# The notebook helpers live in exercise_checks (test_speculative_decoding_exercise still imports them
 # from here under these names).
 from exercise_checks import MARKERS
 from exercise_checks import errors as _errors, execute as _execute
@@ -201,6 +201,15 @@ MISTAKES = [
      "        return 'reject'\n"
      "    return 'queue' if s['reserved_bytes'] + t * b['kv_bytes_per_token'] > b['kv_bytes'] else 'admit'",
      "wait forever"),
+    # round() passes every case whose fraction is below one half; the hidden 5,000-token
+    # case (78.9 sequences) is there to catch it.
+    ("test_max_concurrency",
+     "def kv_bytes_for(c, n, m, b=2):\n"
+     "    return 2 * n * m['num_hidden_layers'] * c * m['num_key_value_heads'] * m['head_dim'] * b\n"
+     "KV_BUDGET_BYTES = 51_705_032_704\n"
+     "def max_concurrency(c, m):\n"
+     "    return round(KV_BUDGET_BYTES / kv_bytes_for(c, 1, m))",
+     "rounded to the nearest"),
 ]
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinyserve.workbook.lab import KVCacheLab, KVCase
+from tinyserve.workbook.lab import KVCacheLab, KVCase, growth_chart_png
 
 DEFAULT_BYTES = 2 * 80 * 4096 * 8 * 128 * 2  # the lab's default case: 1,342,177,280 bytes
 
@@ -95,3 +95,75 @@ def test_the_widgets_drive_the_same_logic() -> None:
     controls.commit_button.click()
     assert "2,684,354,560 bytes" in controls.answer.value
     assert box.children  # the box a notebook displays
+
+
+# --- Prediction: the generic predict-first cell every chapter uses ----------------------------
+
+from tinyserve.workbook.predict import Prediction, how_far  # noqa: E402
+
+
+def test_prediction_hides_the_measurement_until_a_guess_is_committed() -> None:
+    p = Prediction("How many ms does one decode step take?", "ms")
+    assert p.revealed_text() == Prediction.HIDDEN
+    assert p.record(3.25) == Prediction.NO_GUESS          # measured, nothing committed
+    assert "3.25" not in p.revealed_text() and "3.25" not in Prediction.NO_GUESS
+    p.set_guess("2")
+    assert p.revealed_text() == Prediction.HIDDEN          # typed, not committed
+    assert p.commit()
+    text = p.revealed_text()
+    assert "your guess 2 ms" in text and "measured 3.25 ms" in text and "1.6x too low" in text
+
+
+def test_prediction_commit_before_measurement_and_locking() -> None:
+    p = Prediction("ratio?", "x")
+    assert not p.commit() and "first" in p.message         # nothing typed: refused
+    assert p.commit("20")
+    assert p.revealed_text().startswith("Committed: your guess 20 x")
+    p.set_guess(1)                                         # locked after commit
+    assert p.guess == 20 and "locked" in p.message
+    assert "within 1.5x" in p.record(18)
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "-1", "0", "inf"])
+def test_prediction_refuses_a_bad_guess(bad: str) -> None:
+    p = Prediction("q", "ms")
+    p.set_guess(bad)
+    assert not p.commit() and p.message
+    with pytest.raises(ValueError, match="positive"):
+        p.record(float("nan"))
+
+
+def test_how_far_names_direction_and_scale() -> None:
+    assert how_far(1.2, 1.0).startswith("within 1.5x")
+    assert how_far(30, 1.0) == "30.0x too high (off by more than 10x)"
+    assert how_far(0.25, 1.0) == "4.0x too low (same order of magnitude)"
+
+
+def test_prediction_widgets_drive_the_same_logic() -> None:
+    p = Prediction("q", "ms")
+    p.ui()
+    ui = p._ui
+    ui["commit"].click()
+    assert not p.committed
+    ui["guess"].value = "5"
+    p.record(10)
+    assert "10" not in ui["answer"].value                  # still hidden
+    ui["commit"].click()
+    assert p.committed and ui["guess"].disabled
+    assert "measured 10 ms" in ui["answer"].value and "2.0x too low" in ui["answer"].value
+
+
+def test_a_sliding_window_caps_the_case_and_its_chart() -> None:
+    lab = KVCacheLab(window=1024)
+    assert lab.case.kept_tokens == 1024
+    assert lab.case.total_bytes == DEFAULT_BYTES // 4          # 4,096 tokens, 1,024 kept
+    lab.set_guess(0.3)
+    lab.commit()
+    text = lab.revealed_text()
+    assert "2 x 80 x 1,024 x 8 x 128 x 2" in text and "min(4,096, 1,024) = 1,024" in text
+    assert KVCase(window=8192).total_bytes == DEFAULT_BYTES       # a window longer than the context
+    with pytest.raises(ValueError, match="window"):
+        KVCase(window=-1)
+    assert growth_chart_png(lab.case, 0.3).startswith(b"\x89PNG")
+    lab.set_case(window=0)                                        # a new case: hidden again
+    assert lab.revealed_text() == KVCacheLab.HIDDEN

@@ -1,0 +1,217 @@
+"""The kernel's end of the grading channel: answers the trusted test runner's requests.
+
+Imported into the student's (sandboxed) kernel. It is *not* trusted and needs not be: a
+submission may replace it, patch it or answer with anything it likes, and the worst it can
+do is hand the tests wrong data, which is no more than a wrong answer. See
+``autograder.channel`` for the protocol and why no verdict can be forged from here.
+
+Every request is one JSON object (``op`` plus fields, values encoded by ``autograder.wire``);
+every reply is ``{"ok": value}``, ``{"missing": true}`` or ``{"error": [module, type name,
+message]}``. The runner starts ``serve_loop()`` with one silent execute request that allows
+stdin; from then on requests arrive as jupyter *input replies* and each reply leaves as the
+prompt of the next *input request* (jupyter's own stdin channel, no socket of ours), until
+the runner answers ``done``.
+"""
+from __future__ import annotations
+
+import sys
+from types import FunctionType as _FunctionType
+
+from .wire import Decoder, Encoder, WireError, allowed_class, class_path, object_fields, \
+    rebuild
+
+_objects: dict[int, object] = {}     # handle id -> object kept alive for the runner
+_tagged: dict[int, object] = {}      # id(rebuilt trusted object) -> its tag, for this call
+_by_tag: dict[int, object] = {}      # tag -> rebuilt object, so the same tag is one object
+
+
+def _user_ns() -> dict:
+    try:
+        shell = sys.modules["IPython"].get_ipython()
+        if shell is not None:
+            return shell.user_ns
+    except (KeyError, AttributeError):
+        pass
+    return sys.modules["__main__"].__dict__
+
+
+def _handle(obj, depth):
+    if id(obj) in _tagged:
+        return {"$tag": _tagged[id(obj)]}
+    if object_fields(obj) is not None:  # a course object (an EngineConfig, a policy) the
+        try:                            # answer built: its fields, as data, are the answer
+            fields = object_fields(obj)
+            return {"$o": [class_path(type(obj)), _encoder.encode(fields, depth + 1), 0]}
+        except (WireError, TypeError, RecursionError):
+            pass  # a field that is not data: the object stays here, as a handle
+    _objects[id(obj)] = obj
+    return {"$h": [id(obj), type(obj).__name__, _methods(type(obj))]}
+
+
+def _methods(cls: type) -> list[str]:
+    """Names of the plain functions a class defines (called in one request, "callattr")."""
+    if not isinstance(cls, type) or cls.__module__ in ("builtins",):
+        return []
+    names = set()
+    for klass in cls.__mro__[:-1]:
+        for name, value in vars(klass).items():
+            if type(value) is _FunctionType and not name.startswith("__"):
+                names.add(name)
+    return sorted(names)
+
+
+SNAPSHOT_ITEM_BYTES = 65536
+
+
+def _state(obj) -> dict | None:
+    """The instance's attributes as data (its own, and its class's properties), for the
+    tests' reads until their next request; None when its class customises attribute access
+    (every read then goes to the kernel). Attributes that fail or are large are left out:
+    reading one of them is a request of its own, with the same result as here."""
+    cls = type(obj)
+    if not isinstance(cls, type) or cls.__module__ == "builtins" \
+            or cls.__getattribute__ is not object.__getattribute__:
+        return None
+    fields = getattr(obj, "__dict__", None)
+    if type(fields) is not dict:
+        return None
+    out = {}
+    names = [n for n in fields if type(n) is str
+             and not hasattr(getattr(cls, n, None), "__set__")]  # data descriptors win
+    names += [n for klass in cls.__mro__[:-1] for n, v in vars(klass).items()
+              if type(v) is property and not n.startswith("__")]
+    for name in names:
+        try:
+            text = _encoder.dumps(getattr(obj, name))
+        except Exception:  # noqa: BLE001 - read again, alone, when the test asks
+            continue
+        if len(text) <= SNAPSHOT_ITEM_BYTES:
+            out[name] = text
+    return out
+
+
+def _rebuild(path, fields, tag):
+    if tag in _by_tag:
+        return _by_tag[tag]
+    obj = rebuild(allowed_class(path), fields)
+    _by_tag[tag] = obj
+    _tagged[id(obj)] = tag
+    return obj
+
+
+def _lookup(ref, _name="", _methods=None):
+    if ref not in _objects:
+        raise WireError("stale handle")
+    return _objects[ref]
+
+
+_encoder = Encoder(_handle)
+_decoder = Decoder(_lookup, _rebuild)
+_MISSING = object()
+
+
+class _WithState:
+    __slots__ = ("value", "target")
+
+    def __init__(self, value, target):
+        self.value, self.target = value, target
+
+
+def _apply(req: dict):
+    op = req["op"]
+    if op == "name":
+        value = _user_ns().get(req["name"], _MISSING)
+        return {"$missing": True} if value is _MISSING else value
+    target = _lookup(req["ref"])
+    if op == "call":
+        args = _decoder.decode(req.get("args", []))
+        kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
+        return target(*args, **kwargs)
+    if op == "callattr":
+        args = _decoder.decode(req.get("args", []))
+        kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
+        return _WithState(getattr(target, req["name"])(*args, **kwargs), target)
+    if op == "state":
+        return _state(target)
+    if op == "getattr":
+        return getattr(target, req["name"])
+    if op == "setattr":
+        setattr(target, req["name"], _decoder.decode(req["value"]))
+        return None
+    if op == "getitem":
+        return target[_decoder.decode(req["key"])]
+    if op == "setitem":
+        target[_decoder.decode(req["key"])] = _decoder.decode(req["value"])
+        return None
+    if op == "len":
+        return len(target)
+    if op == "list":
+        return list(target)
+    if op == "contains":
+        return _decoder.decode(req["item"]) in target
+    raise WireError(f"unknown op {str(op)[:20]!r}")
+
+
+def serve_loop() -> None:
+    """Answer requests read through jupyter's stdin channel until the runner says ``done``."""
+    ask = _stdin_exchange() or __import__("builtins").input
+    reply = "ready"
+    while True:
+        request = ask(reply)
+        if request == "done":
+            return
+        reply = serve(request)
+
+
+def _stdin_exchange():
+    """``input()`` as ipykernel does it, minus its flush of stdout and stderr: each flush
+    waits for ipykernel's output thread twice, which costs more than the whole request on a
+    busy machine. None when this is not an ipykernel we know (then ``input`` it is)."""
+    try:
+        import zmq
+        kernel = sys.modules["IPython"].get_ipython().kernel
+        session, socket = kernel.session, kernel.stdin_socket
+        ident, parent = kernel._parent_ident["shell"], kernel.get_parent("shell")
+    except Exception:  # noqa: BLE001 - any other kernel: the portable path
+        return None
+
+    def ask(prompt: str) -> str:
+        session.send(socket, "input_request", {"prompt": prompt, "password": False},
+                     parent, ident=ident)
+        while True:
+            readable, _, broken = zmq.select([socket], [], [socket], 0.05)
+            if readable or broken:
+                _, msg = session.recv(socket)
+                if msg is not None:
+                    return str(msg["content"]["value"])
+    return ask
+
+
+def serve(request: str) -> str:
+    """Answer one request; whatever the student's code raises comes back as data."""
+    import json
+    try:
+        req = json.loads(request)
+        value = _apply(req)
+        if type(value) is dict and value.get("$missing") is True and req["op"] == "name":
+            return '{"missing":true}'
+        if type(value) is _WithState:
+            # A method call's reply carries the object's state after the call, so the
+            # tests' next reads need no request of their own.
+            state = _state(value.target)
+            return ('{"ok":' + _encoder.dumps(value.value) + ',"state":'
+                    + _encoder.dumps(state) + "}")
+        return '{"ok":' + _encoder.dumps(value) + "}"
+    except BaseException as e:  # noqa: BLE001 - the student's error is the answer
+        if isinstance(e, KeyboardInterrupt):
+            raise  # the runner's timeout interrupt: let ipykernel report it
+        kind = type(e)
+        try:
+            message = str(e)
+        except BaseException:  # noqa: BLE001 - a __str__ that raises
+            message = "<unprintable>"
+        return json.dumps({"error": [str(getattr(kind, "__module__", "")), kind.__name__,
+                                     message[:2000]]})
+    finally:
+        _tagged.clear()
+        _by_tag.clear()

@@ -1,0 +1,335 @@
+"""Trusted tests, untrusted kernel: the runner's end of the grading channel.
+
+Why
+    Test cells used to run in the student's kernel, where everything a test relies on (the
+    helpers' module, ``sys.modules``, torch's functions, the shell's execute path, stack
+    frames) is within the student's reach. Now the student's notebook runs in the sandboxed
+    kernel only to *define answers*; test cells, hidden tests and their references run here,
+    in the grader's own process, outside the sandbox, in a namespace of their own.
+
+The channel
+    The only link to the kernel is jupyter's own connection (the sockets nbclient already
+    uses). When a trusted cell first needs the kernel, the runner sends one silent execute
+    request, ``autograder.agent.serve_loop()``, with stdin allowed. The loop asks for input;
+    each request goes to the kernel as jupyter's *input reply*, and the kernel's answer
+    comes back as the prompt of its next *input request*. ``done`` ends the loop when the
+    cell is over. Requests and replies are JSON built by
+    ``autograder.wire`` (plain data; tensors and arrays as dtype + shape + raw bytes; objects
+    that stay in the kernel as opaque handles). Never pickle, never code from the kernel.
+
+    ====================  ===========================================================
+    request               meaning
+    ====================  ===========================================================
+    name NAME             the value the student's namespace binds to NAME
+    call REF ARGS KWARGS  call a student function / method / class
+    getattr REF NAME      an attribute of a student object (setattr, getitem,
+                          setitem, len, list, contains: the same for the others)
+    ====================  ===========================================================
+
+    reply: ``{"ok": VALUE}``, ``{"missing": true}`` or ``{"error": [module, type, message]}``.
+
+How names resolve
+    The test namespace holds what the read-only cells bind (they run here *and* in the
+    kernel, so the student's code sees them too) and what test cells bind. A name the tests
+    use that is not there is looked up in the kernel: data comes back as a value, anything
+    else as a ``Remote`` (calling it, reading an attribute, indexing it: one request each).
+    Names the trusted cells bind are never replaced by the student's, and values fetched from
+    the kernel are dropped after every student cell, so a test always sees the latest answer.
+
+Why a submission cannot forge a verdict
+    A verdict is the outcome of a test cell run *here*: passed when the cell finishes
+    without an exception. Student code never runs in this process; it can only send back
+    data, which the tests compare with their own references using their own functions. So:
+    patched builtins, swapped modules, trace hooks, a rewritten ``run_cell``, frame walking
+    and output printed to look like a pass change nothing here; a value with a lying
+    ``__eq__`` or a fake numpy type cannot be decoded (it arrives as a handle, which
+    compares by identity only); and the agent in the kernel is not trusted at all: answering
+    a request with made-up data is the same as writing a wrong (or right) answer, which the
+    hidden tests, whose inputs the kernel sees only when called, then judge. Exceptions from
+    student code come back as a type name and a message (capped), marked as the student's;
+    they fail the test like any exception. A kernel that hangs is interrupted, then stopped.
+"""
+from __future__ import annotations
+
+import builtins
+import time
+
+from .wire import MAX_MESSAGE_BYTES, Decoder, Encoder, WireError, allowed_class, class_path, \
+    object_fields, rebuild
+
+MESSAGE_CAP = 500
+AGENT = "__import__('autograder.agent').agent.serve_loop()"
+
+
+class StudentError(Exception):
+    """An exception raised by the student's code, of a type the tests do not know."""
+
+
+class StudentTimeout(BaseException):
+    """A call into the student's code ran out of time (not catchable by ``except Exception``)."""
+
+
+class KernelLost(BaseException):
+    """The kernel died or ignored an interrupt during a call; no later call can succeed."""
+
+
+def _cap(text: str, n: int = MESSAGE_CAP) -> str:
+    text = str(text).encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= n else text[:n] + " [...]"
+
+
+class Remote:
+    """An object that stays in the student's kernel; every use is one request.
+
+    Compares by identity only: its ``__eq__`` is object's, never the student's. Reading an
+    attribute uses a snapshot of the instance's own data attributes, taken with one request
+    and valid until the next request that may run student code; calling a method the class
+    defines is one request (``callattr``).
+    """
+
+    __slots__ = ("_ch", "_ref", "_type", "_methods", "_state", "_epoch")
+    _autograder_remote = True
+
+    def __init__(self, channel: "Channel", ref: int, type_name: str,
+                 methods: frozenset = frozenset()):
+        for name, value in (("_ch", channel), ("_ref", ref), ("_type", type_name),
+                            ("_methods", methods), ("_state", None), ("_epoch", -1)):
+            object.__setattr__(self, name, value)
+
+    def __call__(self, *args, **kwargs):
+        return self._ch.request("call", ref=self._ref, args=list(args), kwargs=dict(kwargs))
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        if name in self._methods:
+            return _Method(self, name)
+        ch = self._ch
+        if self._epoch != ch.epoch:
+            state = ch.request("state", ref=self._ref)
+            object.__setattr__(self, "_state", state if type(state) is dict else None)
+            object.__setattr__(self, "_epoch", ch.epoch)
+        if self._state is not None and type(self._state.get(name)) is str:
+            return ch.decode(self._state[name])
+        return ch.request("getattr", ref=self._ref, name=name)
+
+    def __setattr__(self, name: str, value) -> None:
+        self._ch.request("setattr", ref=self._ref, name=name, value=value)
+
+    def __getitem__(self, key):
+        return self._ch.request("getitem", ref=self._ref, key=key)
+
+    def __setitem__(self, key, value) -> None:
+        self._ch.request("setitem", ref=self._ref, key=key, value=value)
+
+    def __len__(self) -> int:
+        n = self._ch.request("len", ref=self._ref)
+        if type(n) is not int:
+            raise TypeError("len() of the student's object is not an int")
+        return n
+
+    def __iter__(self):
+        items = self._ch.request("list", ref=self._ref)
+        return iter(items if type(items) is list else [])
+
+    def __contains__(self, item) -> bool:
+        return self._ch.request("contains", ref=self._ref, item=item) is True
+
+    def __repr__(self) -> str:
+        return f"<your {self._type} object>"
+
+    __str__ = __repr__
+
+
+class _Method:
+    """``remote.name`` for a method its class defines: calling it is one request."""
+
+    __slots__ = ("_remote", "_name")
+
+    def __init__(self, remote: Remote, name: str):
+        self._remote, self._name = remote, name
+
+    def __call__(self, *args, **kwargs):
+        r = self._remote
+        return r._ch.request("callattr", ref=r._ref, name=self._name, args=list(args),
+                             kwargs=dict(kwargs))
+
+    def __repr__(self) -> str:
+        return f"<your method {self._remote._type}.{self._name}>"
+
+
+def type_name(value) -> str:
+    """The type name tests should show: a Remote says which student type it stands for."""
+    if getattr(type(value), "_autograder_remote", False):
+        return object.__getattribute__(value, "_type")
+    return type(value).__name__
+
+
+class Channel:
+    """Requests to the kernel over jupyter's connection, with a deadline per test cell.
+
+    ``exchange(request, timeout)`` is supplied by the executor: it sends one request (None:
+    end the serving loop) and returns the kernel's reply text, or raises
+    ``StudentTimeout`` / ``KernelLost``.
+    """
+
+    def __init__(self, exchange):
+        self._execute = exchange
+        self.deadline = float("inf")
+        self.namespace: TestNamespace | None = None
+        self.calls = 0
+        self.epoch = 0   # bumped by every request that may run student code
+        self._remotes: dict[int, Remote] = {}
+        self._tags: dict[int, object] = {}
+        self._encoder = Encoder(self._encode_other)
+        self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
+
+    # encoding ------------------------------------------------------------------------------
+    def _encode_other(self, obj, depth):
+        if type(obj) is Remote:
+            if obj._ch is not self:
+                raise WireError("a handle from another kernel")
+            return {"$h": [obj._ref, obj._type]}
+        fields = object_fields(obj)
+        if fields is None:
+            raise WireError(f"a {type(obj).__name__} cannot be sent to the student's code "
+                            "(only data, tensors, and the course's own dataclasses)")
+        tag = id(obj)
+        self._tags[tag] = obj
+        return {"$o": [class_path(type(obj)), self._encoder.encode(fields, depth + 1), tag]}
+
+    def _remote(self, ref: int, type_name: str, methods: frozenset = frozenset()) -> Remote:
+        if ref not in self._remotes:
+            self._remotes[ref] = Remote(self, ref, type_name, methods)
+        return self._remotes[ref]
+
+    def decode(self, text: str):
+        return self._decoder.loads(text)
+
+    # requests ------------------------------------------------------------------------------
+    def request(self, op: str, **fields):
+        encoded = {k: (v if k in ("ref", "name") else self._encoder.encode(v))
+                   for k, v in fields.items()}
+        import json
+        text = json.dumps({"op": op, **encoded}, separators=(",", ":"))
+        self.calls += 1
+        if op not in ("state", "name"):
+            self.epoch += 1
+        try:
+            reply = self._roundtrip(text)
+            target = self._remotes.get(fields["ref"]) if op == "callattr" else None
+            return self._answer(reply, target)
+        finally:
+            self._tags.clear()
+
+    def _roundtrip(self, text: str) -> str:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise StudentTimeout("the cell's time ran out while calling your code")
+        reply = self._execute(text, remaining)
+        if type(reply) is not str:
+            raise StudentError("the kernel answered with something that is not a reply")
+        return reply
+
+    def end(self) -> None:
+        """Close the kernel's serving loop (after each trusted cell)."""
+        self._execute(None, 5)
+
+    def _answer(self, text: str, target: Remote | None = None):
+        import json
+        if len(text) > MAX_MESSAGE_BYTES:
+            raise WireError(f"a reply over {MAX_MESSAGE_BYTES // 2**20} MB")
+        try:
+            msg = json.loads(text)
+        except (ValueError, RecursionError):
+            raise WireError("malformed reply") from None
+        if type(msg) is not dict:
+            raise WireError("malformed reply")
+        if msg.get("missing") is True:
+            raise KeyError("missing")
+        if "error" in msg:
+            raise self._student_error(msg["error"])
+        if "ok" not in msg:
+            raise WireError("malformed reply")
+        value = self._decode_node(msg["ok"])
+        if target is not None and "state" in msg:
+            state = self._decode_node(msg["state"])
+            object.__setattr__(target, "_state", state if type(state) is dict else None)
+            object.__setattr__(target, "_epoch", self.epoch)
+        return value
+
+    def _decode_node(self, node):
+        try:
+            return self._decoder.decode(node)
+        except (RecursionError, ValueError, TypeError, KeyError, IndexError) as e:
+            if isinstance(e, WireError):
+                raise
+            raise WireError(f"malformed reply ({type(e).__name__})") from None
+
+    def _student_error(self, err) -> BaseException:
+        try:
+            module, name, message = (str(x) for x in err)
+        except (TypeError, ValueError):
+            module, name, message = "", "Error", ""
+        name, message = _cap(name, 80), _cap(message)
+        known = (self.namespace.exception_classes().get(name)
+                 if self.namespace is not None and module != "builtins" else None)
+        builtin = getattr(builtins, name, None) if module == "builtins" else None
+        cls = known or builtin
+        if not (isinstance(cls, type) and issubclass(cls, Exception)) \
+                or issubclass(cls, AssertionError):
+            cls = StudentError
+            message = f"{name}: {message}"
+        try:
+            exc = cls(message)
+        except Exception:  # an exception class with a different signature
+            exc = StudentError(f"{name}: {message}")
+        exc.autograder_student = name  # marks the error as the student's, for feedback
+        return exc
+
+
+def _rebuild_answer(path: str, fields, _tag):
+    """A course dataclass the student's code built (an EngineConfig, say), rebuilt here from
+    its fields by the real class's constructor."""
+    return rebuild(allowed_class(path), fields)
+
+
+class TestNamespace(dict):
+    """The test cells' globals: trusted names first, then the student's, fetched as needed."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, channel: Channel):
+        super().__init__(__builtins__=builtins, __name__="__autograder_tests__")
+        self._channel = channel
+        self._fetched: set[str] = set()
+        self._missing: set[str] = set()
+
+    def __missing__(self, name: str):
+        if hasattr(builtins, name) or name in self._missing:
+            raise KeyError(name)
+        try:
+            value = self._channel.request("name", name=name)
+        except KeyError:
+            self._missing.add(name)
+            raise KeyError(name) from None
+        dict.__setitem__(self, name, value)
+        self._fetched.add(name)
+        return value
+
+    def __setitem__(self, name, value) -> None:
+        self._fetched.discard(name)
+        dict.__setitem__(self, name, value)
+
+    def forget_student_values(self) -> None:
+        """After a student cell ran: what was fetched may have changed."""
+        self._channel.epoch += 1
+        for name in self._fetched:
+            self.pop(name, None)
+        self._fetched.clear()
+        self._missing.clear()
+
+    def exception_classes(self) -> dict[str, type]:
+        """Exception classes the trusted cells bound (a student error of that name maps in)."""
+        return {k: v for k, v in dict.items(self)
+                if isinstance(v, type) and issubclass(v, Exception) and k not in self._fetched}

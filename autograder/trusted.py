@@ -1,0 +1,121 @@
+"""The trusted test runner: executes read-only and test cells in the grader's own process.
+
+Test cells run here, never in the student's kernel, in a ``TestNamespace`` whose missing
+names are the student's (fetched over ``autograder.channel``). Their outputs and errors are
+built here too: no test source, frame or traceback ever reaches the kernel, and feedback
+quotes only the tests' own messages and, marked as such, the student's (capped) errors.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import nbformat
+
+from .channel import Channel, KernelLost, StudentTimeout, TestNamespace, _cap
+from .scan import to_python
+
+OUTPUT_CAP = 100_000
+
+
+class _CappedText(io.StringIO):
+    """stdout/stderr of a test cell, cut at OUTPUT_CAP characters."""
+
+    def write(self, text: str) -> int:
+        room = OUTPUT_CAP - self.tell()
+        if room > 0:
+            super().write(text[:room])
+        return len(text)
+
+
+class TrustedRunner:
+    def __init__(self, kernel_request, *, cwd: str):
+        self.channel = Channel(kernel_request)
+        self.ns = TestNamespace(self.channel)
+        self.channel.namespace = self.ns
+        self.cwd = cwd
+
+    def student_cell_ran(self) -> None:
+        self.ns.forget_student_values()
+
+    @contextlib.contextmanager
+    def _inside(self, out: io.StringIO):
+        # Tests read the released data files by relative path, as they do in the notebook.
+        here = os.getcwd()
+        os.chdir(self.cwd)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                yield
+        finally:
+            os.chdir(here)
+
+    def run_setup(self, cell: nbformat.NotebookNode, label: str) -> str:
+        """Run a read-only cell here as well; returns a problem to report, or ''."""
+        out = _CappedText()
+        try:
+            code = compile(to_python(cell.source), f"<{label}>", "exec")
+            with self._inside(out):
+                exec(code, self.ns)
+        except (StudentTimeout, KernelLost) as e:
+            return f"{label} (read-only) called your code, which failed: {e}"
+        except Exception as e:  # noqa: BLE001 - reported, never fatal
+            return f"{label} (read-only) failed in the test runner: {type(e).__name__}: {_cap(e)}"
+        finally:
+            self._end()
+        return ""
+
+    def _end(self) -> None:
+        try:
+            self.channel.end()
+        except (StudentTimeout, KernelLost):
+            pass
+
+    def run_test(self, cell: nbformat.NotebookNode, label: str, timeout: float):
+        """Run a test cell here; its outputs replace the cell's, and a CellResult says how."""
+        import time
+
+        from .execute import CellResult
+        out = _CappedText()
+        self.channel.deadline = time.monotonic() + timeout
+        result = CellResult("ok")
+        try:
+            code = compile(to_python(cell.source), f"<{label}>", "exec")
+            with self._inside(out):
+                exec(code, self.ns)
+        except StudentTimeout as e:
+            result = CellResult("timeout", "CellTimeout", str(e))
+        except KernelLost as e:
+            result = CellResult("kernel_lost", "KernelDied", str(e))
+        except BaseException as e:  # noqa: BLE001 - every failure is the test's verdict
+            result = _failure(e)
+        finally:
+            self.channel.deadline = float("inf")
+            self._end()
+        cell.outputs = _outputs(out.getvalue(), result)
+        return result
+
+
+def _failure(e: BaseException):
+    from .execute import CellResult
+    student = getattr(e, "autograder_student", None)
+    if isinstance(e, NameError) and not student:
+        name = getattr(e, "name", None) or str(e)
+        return CellResult("error", "NotAnswered", f"`{_cap(name, 80)}` is not defined: "
+                          "run (or write) the answer cell that defines it")
+    if student:
+        return CellResult("error", _cap(student, 80), _cap(e), student=True)
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        return CellResult("error", type(e).__name__, "the test was stopped")
+    return CellResult("error", type(e).__name__, _cap(e, 2000))
+
+
+def _outputs(text: str, result) -> list:
+    outs = []
+    if text:
+        outs.append(nbformat.v4.new_output("stream", name="stdout", text=text))
+    if result.status != "ok":
+        outs.append(nbformat.v4.new_output(
+            "error", ename=result.ename, evalue=result.evalue,
+            traceback=[f"{result.ename}: {result.evalue}"]))
+    return outs

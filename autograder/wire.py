@@ -1,0 +1,222 @@
+"""The data format of the grading channel: plain values in, plain values out, never pickle.
+
+Both ends use this module: the trusted test runner (``autograder.channel``) and the agent in
+the student's kernel (``autograder.agent``). A value crosses as JSON built from these nodes,
+and nothing else decodes:
+
+=====================================  ==============================================
+JSON                                   value
+=====================================  ==============================================
+null, true/false, number, string        None, bool, int, float, str (exact types only)
+array                                   list
+``{"$t": [...]}``                       tuple
+``{"$d": [[key, value], ...]}``         dict (any keys that are themselves data)
+``{"$set": [...]}``, ``{"$deque": ...}``  set, collections.deque
+``{"$b": base64}``                      bytes
+``{"$tensor": [dtype, shape, base64]}``  torch.Tensor (CPU, raw little-endian bytes)
+``{"$nd": [dtype, shape, base64]}``     numpy.ndarray (no object arrays)
+``{"$h": [id, type name, methods]}``    a handle on an object that stays in the kernel
+``{"$o": [class path, fields, tag]}``   a trusted-side object of an allowed package,
+                                        rebuilt from its fields (tinyserve dataclasses)
+``{"$tag": n}``                         that same object, handed back
+=====================================  ==============================================
+
+The decoder builds only the types in the table: an ``int`` subclass with an ``__eq__``
+that is always true, a ``float`` that reads the caller's frame, an object whose class claims
+to be numpy's, none of them survives the trip; each arrives as a handle (an opaque reference
+the tests can only compare by identity) or as the plain value it converts to.
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import importlib
+import json
+import sys
+
+MAX_DEPTH = 64
+MAX_MESSAGE_BYTES = 256 * 2**20
+# Trusted-side objects (arguments the tests build) that may cross as fields: the course's
+# own engine types (workload specs, SLOs, cost models), never arbitrary classes.
+OBJECT_PACKAGES = ("tinyserve.",)
+
+
+class WireError(ValueError):
+    """A value that cannot cross the channel; the message says which and why."""
+
+
+def _tensor_bytes(t) -> tuple[str, list[int], str]:
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    raw = flat.view(__import__("torch").uint8).numpy().tobytes() if flat.numel() else b""
+    return str(t.dtype).removeprefix("torch."), list(t.shape), base64.b64encode(raw).decode()
+
+
+def _tensor_from(dtype: str, shape: list, data: str):
+    import torch
+    kind = getattr(torch, str(dtype), None)
+    if not isinstance(kind, torch.dtype):
+        raise WireError(f"unknown tensor dtype {str(dtype)[:40]!r}")
+    raw = bytearray(base64.b64decode(data))
+    numel = 1
+    for n in shape:
+        if type(n) is not int or n < 0:
+            raise WireError("a tensor shape holds non-negative ints only")
+        numel *= n
+    if len(raw) != numel * torch.empty((), dtype=kind).element_size():
+        raise WireError("tensor bytes do not match its shape and dtype")
+    if not raw:
+        return torch.empty(shape, dtype=kind)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(kind).reshape(shape).clone()
+
+
+def _array_from(dtype: str, shape: list, data: str):
+    import numpy as np
+    kind = np.dtype(str(dtype))
+    if kind.hasobject:
+        raise WireError("object arrays cannot cross the channel")
+    return np.frombuffer(base64.b64decode(data), dtype=kind).reshape(shape).copy()
+
+
+class Encoder:
+    """Turn a value into JSON nodes.
+
+    ``on_other(obj)`` decides what happens to anything that is not data: the kernel's agent
+    turns it into a handle, the trusted side into an ``$o`` node or an error.
+    """
+
+    def __init__(self, on_other):
+        self.on_other = on_other
+
+    def encode(self, obj, depth: int = 0):
+        if depth > MAX_DEPTH:
+            raise WireError(f"a value nested deeper than {MAX_DEPTH} levels")
+        t = type(obj)
+        if obj is None or t is bool or t is str:
+            return obj
+        if t is int or t is float:
+            return obj
+        if t is list:
+            return [self.encode(x, depth + 1) for x in obj]
+        if t is tuple:
+            return {"$t": [self.encode(x, depth + 1) for x in obj]}
+        if t is dict:
+            return {"$d": [[self.encode(k, depth + 1), self.encode(v, depth + 1)]
+                           for k, v in obj.items()]}
+        if t is set or t is frozenset:
+            return {"$set": [self.encode(x, depth + 1) for x in obj]}
+        if t is collections.deque:
+            return {"$deque": [self.encode(x, depth + 1) for x in obj]}
+        if t is bytes:
+            return {"$b": base64.b64encode(obj).decode()}
+        torch = sys.modules.get("torch")
+        if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
+            return {"$tensor": list(_tensor_bytes(obj))}
+        np = sys.modules.get("numpy")
+        if np is not None:
+            if t is np.ndarray and not obj.dtype.hasobject:
+                return {"$nd": [obj.dtype.str, list(obj.shape),
+                                base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode()]}
+            if t in (np.float64, np.float32, np.float16, np.int64, np.int32, np.int16,
+                     np.int8, np.uint8, np.bool_):
+                return obj.item()  # numpy's own scalar types, converted by numpy
+        return self.on_other(obj, depth)
+
+    def dumps(self, obj) -> str:
+        return json.dumps(self.encode(obj), separators=(",", ":"))
+
+
+class Decoder:
+    """Turn JSON nodes back into values; ``on_handle`` and ``on_object`` build references."""
+
+    def __init__(self, on_handle, on_object=None, on_tag=None):
+        self.on_handle, self.on_object, self.on_tag = on_handle, on_object, on_tag
+
+    def loads(self, text: str):
+        if len(text) > MAX_MESSAGE_BYTES:
+            raise WireError(f"a message over {MAX_MESSAGE_BYTES // 2**20} MB")
+        try:
+            return self.decode(json.loads(text))
+        except (RecursionError, ValueError, TypeError, KeyError, IndexError) as e:
+            if isinstance(e, WireError):
+                raise
+            raise WireError(f"malformed message ({type(e).__name__})") from None
+
+    def decode(self, node, depth: int = 0):
+        if depth > MAX_DEPTH:
+            raise WireError(f"a value nested deeper than {MAX_DEPTH} levels")
+        t = type(node)
+        if node is None or t in (bool, int, float, str):
+            return node
+        if t is list:
+            return [self.decode(x, depth + 1) for x in node]
+        if t is not dict or len(node) != 1:
+            raise WireError("malformed message (unknown node)")
+        (tag, body), = node.items()
+        d = depth + 1
+        if tag == "$t":
+            return tuple(self.decode(x, d) for x in body)
+        if tag == "$d":
+            return {self.decode(k, d): self.decode(v, d) for k, v in body}
+        if tag == "$set":
+            return {self.decode(x, d) for x in body}
+        if tag == "$deque":
+            return collections.deque(self.decode(x, d) for x in body)
+        if tag == "$b":
+            return base64.b64decode(body)
+        if tag == "$tensor":
+            return _tensor_from(*body)
+        if tag == "$nd":
+            return _array_from(*body)
+        if tag == "$h":
+            methods = body[2] if len(body) > 2 and type(body[2]) is list else []
+            return self.on_handle(int(body[0]), str(body[1])[:80],
+                                  frozenset(m for m in methods[:1000] if type(m) is str))
+        if tag == "$o" and self.on_object is not None:
+            return self.on_object(str(body[0]), self.decode(body[1], d), body[2])
+        if tag == "$tag" and self.on_tag is not None:
+            return self.on_tag(body)
+        raise WireError(f"malformed message (node {str(tag)[:20]!r})")
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def allowed_class(path: str) -> type:
+    """The class at ``module:qualname``, if it belongs to an allowed package."""
+    module, _, qualname = path.partition(":")
+    if not module.startswith(OBJECT_PACKAGES) or not qualname.isidentifier():
+        raise WireError(f"objects of {path[:80]!r} cannot cross the channel")
+    cls = getattr(importlib.import_module(module), qualname, None)
+    if not isinstance(cls, type):
+        raise WireError(f"{path[:80]!r} is not a class")
+    return cls
+
+
+def rebuild(cls: type, fields: dict):
+    """An instance of ``cls`` holding ``fields``. A dataclass is built through its own
+    constructor (so its checks run on the values that came across); another class gets its
+    fields set without running any of its code."""
+    import dataclasses
+    if type(fields) is not dict or not all(type(k) is str for k in fields):
+        raise WireError("object fields must be a dict with str keys")
+    if dataclasses.is_dataclass(cls):
+        init = {f.name for f in dataclasses.fields(cls) if f.init}
+        obj = cls(**{k: v for k, v in fields.items() if k in init})
+        rest = {k: v for k, v in fields.items() if k not in init}
+    else:
+        obj, rest = object.__new__(cls), fields
+    for k, v in rest.items():
+        object.__setattr__(obj, k, v)
+    return obj
+
+
+def object_fields(obj) -> dict | None:
+    """The instance fields of an allowed trusted object, or None when it may not cross."""
+    cls = type(obj)
+    if not cls.__module__.startswith(OBJECT_PACKAGES) or "." in cls.__qualname__:
+        return None
+    fields = getattr(obj, "__dict__", None)
+    if fields is None and hasattr(cls, "__slots__"):
+        fields = {k: getattr(obj, k) for k in cls.__slots__ if hasattr(obj, k)}
+    return dict(fields) if fields is not None else None

@@ -1,0 +1,305 @@
+"""How the build track's tests judge a piece (read-only support file; no answers in here).
+
+``check_tensor`` compares a tensor with the reference and, when it differs, names the classic
+mistake it matches. ``check_own`` holds a piece to being the learner's own PyTorch: tinyserve
+is importable on purpose (it is the reference every test compares with), so a piece that
+calls it, or copies it, proves nothing and earns no points. It looks twice:
+
+* in the code: every name the function (and the helpers it calls, other graded pieces
+  excepted) reads, and where each object comes from;
+* at run time: the piece is called again with tinyserve unavailable (its modules hidden from
+  ``import`` and every notebook name bound to it replaced); it must still work.
+
+The test cells import these before any answer cell runs, and the testkit helpers they call
+capture their own references, so code written later cannot change a verdict.
+"""
+from __future__ import annotations
+
+import dis
+import inspect
+import sys
+import types
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from autograder.testkit import check
+
+_allclose, _isfinite, _Tensor = torch.allclose, torch.isfinite, Tensor
+_REFERENCE = "tinyserve"
+_GRADER_MODULES = (_REFERENCE, __name__)  # this module computes references too
+
+
+def _reference_sources() -> set[str]:
+    """Normalised lines of tinyserve's model code, to recognise a pasted copy."""
+    import tinyserve.model as ref_model
+    import tinyserve.kv_cache as ref_cache
+    lines = set()
+    for module in (ref_model, ref_cache):
+        for line in Path(module.__file__).read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if len(line) >= 24:
+                lines.add(line)
+    return lines
+
+
+_REFERENCE_LINES = _reference_sources()
+
+
+def _is_reference(obj: object) -> bool:
+    if isinstance(obj, types.ModuleType):
+        name = obj.__name__
+    else:
+        name = getattr(type(obj), "__module__", "") if not callable(obj) else ""
+        name = getattr(obj, "__module__", None) or name
+    return isinstance(name, str) and name.split(".")[0] in _GRADER_MODULES
+
+
+def _names_in(code: types.CodeType) -> tuple[set[str], set[str], set[str]]:
+    """(globals read, attributes read, modules imported) by ``code`` and the code nested in it."""
+    globals_, attrs, imports, todo = set(), set(), set(), [code]
+    while todo:
+        c = todo.pop()
+        for ins in dis.get_instructions(c):
+            if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
+                globals_.add(str(ins.argval))
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "IMPORT_FROM", "LOAD_SUPER_ATTR"):
+                attrs.add(str(ins.argval))
+            elif ins.opname == "IMPORT_NAME":
+                imports.add(str(ins.argval))
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return globals_, attrs, imports
+
+
+def reference_uses(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = ()) -> list[str]:
+    """What ``fn`` and the notebook helpers it calls take from tinyserve (or the ``banned``
+    names); the other graded ``pieces`` are judged on their own and not followed."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    todo = [fn]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if _is_reference(f):
+            found.add(f"{getattr(f, '__module__', _REFERENCE)}.{getattr(f, '__qualname__', '')}".rstrip("."))
+            continue
+        f = getattr(f, "func", f)  # a functools.partial
+        if isinstance(f, type):
+            todo.extend(v for v in vars(f).values() if callable(v))
+            continue
+        code = getattr(f, "__code__", None)
+        if code is None:
+            continue
+        names, attrs, imports = _names_in(code)
+        found.update(m for m in imports if m.split(".")[0] == _REFERENCE)
+        found.update(n for n in names | attrs if n == _REFERENCE or n in banned)
+        scope = getattr(f, "__globals__", {})
+        closure = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
+        for obj in [scope.get(n) for n in names] + closure:
+            if obj is None or obj is f:
+                continue
+            if _is_reference(obj) or getattr(obj, "__name__", None) in banned:
+                found.add(getattr(obj, "__name__", None) or type(obj).__name__)
+            elif getattr(obj, "__module__", None) == "__main__" \
+                    and getattr(obj, "__name__", None) not in pieces:
+                todo.append(obj)
+        found.update(_copied_lines(f))
+    return sorted(found)
+
+
+def _copied_lines(fn: object) -> list[str]:
+    """A function whose code lines are mostly tinyserve's, verbatim, is a copy."""
+    try:
+        source = inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return []
+    lines = [ln.split("#")[0].strip() for ln in source.splitlines()[1:]]
+    lines = [ln for ln in lines if ln and not ln.startswith(('"""', "'''"))]
+    same = [ln for ln in lines if ln in _REFERENCE_LINES]
+    if len(same) >= 2 and 2 * len(same) >= len(lines):
+        return [f"lines copied from tinyserve ({same[0][:60]!r} ...)"]
+    return []
+
+
+class _Unavailable(types.ModuleType):
+    def __getattr__(self, name: str):
+        raise ImportError(f"{_REFERENCE} is unavailable during this check")
+
+    def __call__(self, *args, **kwargs):
+        raise ImportError(f"{_REFERENCE} is unavailable during this check")
+
+
+def error_without_reference(fn: object, call) -> BaseException | None:
+    """Run ``call()`` with tinyserve hidden from ``fn``'s notebook; the error it raised, or
+    None. Everything is put back however the call ends."""
+    scope = getattr(getattr(fn, "func", fn), "__globals__", None)
+    scope = scope if isinstance(scope, dict) else {}
+    modules = {k: v for k, v in sys.modules.items() if k.split(".")[0] == _REFERENCE}
+    names = {k: v for k, v in list(scope.items()) if _is_reference(v)}
+    try:
+        for k in modules:
+            sys.modules[k] = None  # type: ignore[assignment]  # `import` raises ImportError
+        for k in names:
+            scope[k] = _Unavailable(k)
+        call()
+        return None
+    except Exception as err:  # noqa: BLE001 - any failure is the verdict
+        return err
+    finally:
+        sys.modules.update(modules)
+        scope.update(names)
+
+
+def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
+             args: tuple | None = None) -> list[str]:
+    """Why ``fn`` is not the learner's own work (empty: nothing found). Runs where the learner's
+    code lives (their kernel): it reads the code of ``fn`` and, given ``args``, calls
+    ``fn(*args)`` once more with tinyserve unavailable. Returns plain strings, so a trusted
+    test runner can ask for it over its data-only channel."""
+    uses = reference_uses(fn, pieces, banned)
+    problems = [f"uses {', '.join(uses)[:300]}"] if uses else []
+    if args is not None and not problems:
+        err = error_without_reference(fn, lambda: fn(*args))  # type: ignore[operator]
+        if err is not None:
+            problems.append(f"stops working when tinyserve is unavailable "
+                            f"({type(err).__name__}: {str(err)[:200]})")
+    return problems
+
+
+def check_own(problems: object, piece: str) -> None:
+    """No points for a piece that calls or copies the reference: ``problems`` is what
+    ``own_work`` found for it."""
+    check(type(problems) is list and all(type(p) is str for p in problems), name=f"{piece} is your own code",
+          message="the check of your code did not answer; run the notebook from the top")
+    check(not problems, name=f"{piece} is your own code",
+          message=f"{piece} {'; '.join(problems)[:400]}: no points for this piece. The tests compare "
+                  f"your code with tinyserve, so an answer that calls or copies it shows nothing; "
+                  f"write the piece with torch operations.")
+
+
+def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
+                 atol: float = 1e-5, rtol: float = 1e-4, what: str = "the reference") -> None:
+    """``got`` is a tensor of ``want``'s shape and device, close to it; if not, the message
+    names the first mistake in ``mistakes`` ((tensor a known slip gives, why) pairs) it matches."""
+    shape = tuple(getattr(got, "shape", ()))
+    check(type(got) is _Tensor and shape == tuple(want.shape), name=name,
+          message=f"expected a tensor of shape {tuple(want.shape)}, got {type(got).__name__} {shape}")
+    # Compared on the reference's device: a trusted runner receives tensors on the CPU.
+    got32, want32 = got.detach().to(want.device).float(), want.float()
+    ok = bool(_allclose(got32, want32, atol=atol, rtol=rtol))
+    message = f"differs from {what} (largest difference {float((got32 - want32).abs().max()):.3g})"
+    if not ok:
+        if not bool(_isfinite(got32).all()):
+            message = f"contains NaN or inf where {what} is finite"
+        for wrong, why in mistakes:
+            if tuple(wrong.shape) == shape and bool(
+                    _allclose(got32, wrong.to(want.device).float(), atol=atol, rtol=rtol, equal_nan=True)):
+                message = why
+                break
+    check(ok, name=name, message=message)
+
+
+# ------------------------------------------------------------------ shared test inputs
+
+def random_model(device: torch.device | str, seed: int, **sizes):
+    """A small random Llama in tinyserve (the reference) with every weight perturbed, so
+    norms' gains and every projection matter; returns (model, weights dict, cfg dict) with
+    the weights named as the shipped ones (no lm_head: the embedding is tied)."""
+    from tinyserve.config import ModelConfig
+    from tinyserve.model import TinyLlama
+    cfg = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+               rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+               bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg.update(sizes)
+    torch.manual_seed(seed)
+    model = TinyLlama(ModelConfig(**cfg)).eval()
+    with torch.no_grad():  # on the CPU, so every device gets the same weights from a seed
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model = model.to(device)
+    weights = {n: t.detach().clone() for n, t in model.state_dict().items()
+               if n != "lm_head.weight"}
+    cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
+    return model, weights, cfg
+
+
+def attention_variants(q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor):
+    """Causal grouped-query attention computed by torch (the reference) and what the classic
+    slips give, as (reference, ((wrong, why), ...)). Shapes as in build_model's attention."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    group = q.shape[0] // k.shape[0]
+    ki, vi = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    kr, vr = k.repeat(group, 1, 1), v.repeat(group, 1, 1)
+    mask = kp[None, :] <= qp[:, None]
+    strict = kp[None, :] < qp[:, None]  # an empty row gives NaN, as a learner's softmax does
+    scores = (q @ ki.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~strict, float("-inf"))
+    return sdpa(q, ki, vi, attn_mask=mask), (
+        (sdpa(q, kr, vr, attn_mask=mask),
+         "KV heads expanded with repeat (query head h reads KV head h % n_kv_heads); the "
+         "shipped weights group consecutive query heads: h reads h // group (repeat_interleave)"),
+        (sdpa(q, ki, vi), "no causal mask: a query must not see keys after its own position"),
+        (torch.softmax(scores, dim=-1) @ vi,
+         "mask off by one: a query must see its own key too (k_position <= q_position)"),
+        (sdpa(q, ki, vi, attn_mask=kp[None, :] <= qp[:, None] + 1),
+         "mask off by one: a query sees one key in its future"),
+        (sdpa(q, ki, vi, attn_mask=mask, scale=1 / q.shape[-1]),
+         "scaled by head_dim: divide the scores by sqrt(head_dim)"),
+        (sdpa(q, ki, vi, attn_mask=mask, scale=1.0),
+         "the scores are not scaled: divide by sqrt(head_dim)"))
+
+
+class ReferenceCache:
+    """tinyserve's contiguous KV cache behind build_kv_cache's interface, so a test of the
+    forward pass or the loops is not at the mercy of the learner's own cache class: ``write``
+    stores one layer's keys and values (n_kv_heads, T, head_dim) at ``positions`` (T,) and
+    returns every key and value of slots 0 .. the last one written; ``length`` is the number
+    of slots in use."""
+
+    def __init__(self, cfg: dict, max_seq: int, device: torch.device | str) -> None:
+        from tinyserve.config import ModelConfig
+        from tinyserve.kv_cache import KVCache
+        names = ModelConfig.__dataclass_fields__
+        config = ModelConfig(**{k: v for k, v in cfg.items() if k in names})
+        self._cache = KVCache(config, 1, max_seq, device=device)
+
+    @property
+    def length(self) -> int:
+        return self._cache.lengths[0]
+
+    def write(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        keys, values, _ = self._cache.update(layer, k[None], v[None], positions[None])
+        return keys[0], values[0]
+
+    def prefill_with(self, spec: tuple, prompt: list[int]) -> None:
+        """Fill positions 0..T-1 with tinyserve's model named by ``spec`` (see model_from_spec)."""
+        model = model_from_spec(spec, self._cache.k.device)
+        ids = torch.tensor([prompt], device=self._cache.k.device)
+        with torch.no_grad():
+            model(ids, torch.arange(len(prompt), device=ids.device)[None], self._cache)
+
+    def keys(self, layer: int) -> Tensor:
+        """(n_kv_heads, length, head_dim) keys of ``layer`` (for the tests' comparisons)."""
+        return self._cache.k[layer, 0, :, :self.length]
+
+
+def model_from_spec(spec: tuple, device: torch.device | str):
+    """A tinyserve model both sides of a trusted runner can build alike: ("target",),
+    ("draft",) or ("random", seed, sizes) (``random_model``'s seeded weights)."""
+    if spec[0] == "random":
+        return random_model(device, spec[1], **dict(spec[2]))[0]
+    from tinyserve.checkpoint import load_model
+    return load_model(spec[0], device=device, dtype=torch.float32)
+
+
+def reference_cache(cfg: dict, max_seq: int, device: torch.device | str,
+                    prefill: tuple | None = None) -> ReferenceCache:
+    """A ReferenceCache, prefilled with ``prefill = (spec, prompt)`` if given. Called in the
+    learner's kernel, it stays there; a trusted runner holds a handle on it."""
+    cache = ReferenceCache(cfg, max_seq, device)
+    if prefill is not None:
+        cache.prefill_with(*prefill)
+    return cache

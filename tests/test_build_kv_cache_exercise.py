@@ -1,0 +1,131 @@
+"""The build_kv_cache exercise (chapter 2, build track part 2): the learner writes a
+preallocated KV cache, the forward pass through it, prefill and decode_step with explicit
+positions, and the cached greedy loop; every logit is held equal to a full recompute. Checked
+here: a valid source whose solution passes every visible and hidden test (and whose timing cell
+really used the learner's cache), a blank release that earns nothing, named mistakes, no points
+for a cache taken from tinyserve, and sandboxed grading.
+"""
+from __future__ import annotations
+
+import filecmp
+
+import pytest
+
+from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+                             check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
+                             run_blank_release, run_probe, source_fixture)
+
+NAME = "build_kv_cache"
+SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
+source = source_fixture(SOURCE)
+
+TEST_POINTS = {"test_cache_bytes": 2, "test_cache_alloc": 2, "test_cache_write": 3,
+               "test_forward_cached": 5, "test_prefill": 2, "test_decode_step": 3,
+               "test_generate_cached": 3}
+ANSWER_CELLS = {"cache", "forward_cached", "prefill_decode", "generate"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread_kernels(monkeypatch):
+    # One torch thread per kernel, as in the grading sandbox (two oversubscribe a shared 2-core box).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_source_assignment_specifics(source):
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert meta(first)["locked"] and not meta(first)["grade"]
+    assert 'spec_from_file_location("build_checks", "build_checks.py")' in first.source
+    tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
+    intro = source.cells[0].source
+    assert "(20 points)" in intro and sum(tests.values()) == 20
+    assert "Estimated working time: about 50 minutes" in intro
+    text = "\n".join(c.source for c in source.cells)
+    assert "tinyserve.default_device()" in text and ".cuda()" not in text
+
+
+def test_support_file_is_the_shared_one():
+    assert filecmp.cmp(SOURCE_DIR / "build_checks.py", ROOT / "solutions" / "build_model" / "build_checks.py",
+                       shallow=False)
+    assert filecmp.cmp(SOURCE_DIR / "build_checks.py", ROOT / "exercises" / NAME / "build_checks.py",
+                       shallow=False)
+
+
+PROBE = """
+import json
+print("PROBE " + json.dumps({"steps": len(cached_ms), "nbytes": cache.k.nbytes + cache.v.nbytes,
+                             "formula": cache_bytes(CFG, len(sequence), 4), "length": cache.length,
+                             "sequence": len(sequence), "prompt": len(prompt)}))
+"""
+
+
+def test_solution_passes_every_test_and_times_the_learners_cache(source):
+    got = run_probe(source, SOURCE_DIR, PROBE)
+    # The timing loop decoded through the learner's own cache (every token but the last) and its
+    # allocation equals the formula: 2 x 6 layers x 2 KV heads x 32 x 4 bytes per position.
+    assert got["length"] == got["sequence"] - 1 and got["steps"] == got["sequence"] - got["prompt"] - 1
+    assert got["nbytes"] == got["formula"] == 3072 * got["sequence"]
+
+
+def test_blank_release_earns_nothing_and_leaks_nothing(source):
+    _, errs = run_blank_release(RELEASED, source, SOURCE_DIR)
+    assert errs == {gid: "NotImplementedError" for gid in TEST_POINTS}
+
+
+CACHE = ("class KVCache:\n"
+         "    def __init__(self, cfg, max_seq, device):\n"
+         "        shape = (cfg['num_hidden_layers'], cfg['{heads}'], max_seq, cfg['head_dim'])\n"
+         "        self.k, self.v = torch.zeros(shape, device=device), torch.zeros(shape, device=device)\n"
+         "        self.length = 0\n"
+         "    def write(self, layer, k, v, positions):\n"
+         "        self.k[layer][:, positions] = k\n"
+         "        self.v[layer][:, positions] = v\n"
+         "        {advance}\n"
+         "        n = int(positions.max()) + 1\n"
+         "        return self.k[layer, :, :n], self.v[layer, :, :n]")
+GOOD = dict(heads="num_key_value_heads", advance="self.length = max(self.length, int(positions.max()) + 1)")
+DECODE = ("def decode_step(token, weights, cfg, cache):\n"
+          "    position = torch.tensor([cache.length {shift}], device=DEVICE)\n"
+          "    return forward_cached(torch.tensor([token], device=DEVICE), position, weights, cfg, cache)[-1]")
+
+MISTAKES = [
+    ("test_cache_bytes", "def cache_bytes(cfg, t, b):\n"
+                         "    return cfg['num_hidden_layers'] * t * cfg['num_key_value_heads'] * cfg['head_dim'] * b",
+     "factor 2"),
+    ("test_cache_bytes", "def cache_bytes(cfg, t, b):\n"
+                         "    return 2 * cfg['num_hidden_layers'] * t * cfg['num_attention_heads'] * cfg['head_dim'] * b",
+     "query heads"),
+    ("test_cache_alloc", CACHE.format(**dict(GOOD, heads="num_attention_heads")), "sized by the query heads"),
+    ("test_cache_write", CACHE.format(**dict(GOOD, advance="pass")), "length was not advanced"),
+    ("test_forward_cached",
+     "def forward_cached(ids, positions, weights, cfg, cache):\n"
+     "    x = embed(ids, weights)\n"
+     "    for i in range(cfg['num_hidden_layers']):\n"
+     "        w = layer_weights(weights, i)\n"
+     "        q, k, v = layer_qkv(x, positions, w, cfg)\n"
+     "        cache.write(i, k, v, positions)\n"
+     "        x = layer_out(x, attention(q, k, v, positions, positions), w, cfg)\n"
+     "    return logits_of(x, weights, cfg)", "ALONE"),
+    ("test_decode_step", DECODE.format(shift="+ 1"), "decode position off by one"),
+    ("test_decode_step", DECODE.format(shift="- 1"), "overwrote position"),
+    ("test_generate_cached",
+     "_solution_generate = generate_cached\n"
+     "def generate_cached(p, n, w, c, cache):\n    return list(p) + _solution_generate(p, n, w, c, cache)",
+     "returns the prompt too"),
+    ("test_cache_alloc",
+     "from tinyserve.kv_cache import KVCache as _Theirs\n"
+     "class KVCache:\n"
+     "    def __init__(self, cfg, max_seq, device):\n"
+     "        c = _Theirs(tinyserve.ModelConfig(**{k: v for k, v in cfg.items() if k != 'head_dim'}), 1, max_seq)\n"
+     "        self.k, self.v, self.length = c.k[:, 0], c.v[:, 0], 0",
+     "no points for this piece"),
+]
+
+
+def test_classic_mistakes_get_messages_that_name_them(source):
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+@needs_sandbox
+def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)

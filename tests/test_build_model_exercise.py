@@ -1,0 +1,185 @@
+"""The build_model exercise (chapters 0-1, build track part 1): the learner writes RMSNorm,
+rotary embeddings, causal grouped-query attention, SwiGLU, the decoder block, the forward pass
+over the shipped weights and a greedy loop. Checked here: a valid nbgrader source whose solution
+passes every visible and hidden test, a blank release that earns nothing, messages that name the
+classic mistakes, no points for a piece that calls or copies tinyserve, one wrong piece costing
+only its own points, and sandboxed grading.
+
+Kernel runs take about 10-20 s each on 2 cores (the hidden tests load the shipped target).
+"""
+from __future__ import annotations
+
+import filecmp
+
+import nbformat
+import pytest
+
+from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+                             check_sandboxed_grading, copy_notebook, errors, execute,
+                             exercise_paths, is_test, meta, needs_sandbox, run_blank_release,
+                             run_probe, source_fixture)
+
+NAME = "build_model"
+SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
+source = source_fixture(SOURCE)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_kernels(monkeypatch):
+    # The kernels these tests start run one torch thread, as the grading sandbox does: on a
+    # shared 2-core machine two threads per kernel oversubscribe it (8x slower, measured).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+TEST_POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
+               "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
+               "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
+ANSWER_CELLS = {"rms_norm", "rope", "attention", "swiglu", "block", "forward", "generate"}
+
+
+# ------------------------------------------------------------------ the source notebook
+
+def test_source_assignment_specifics(source):
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert meta(first)["locked"] and not meta(first)["grade"]
+    assert "from autograder.testkit import check, check_close, check_equal" in first.source
+    assert 'spec_from_file_location("build_checks", "build_checks.py")' in first.source
+    tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
+    intro = source.cells[0].source
+    assert "(28 points)" in intro and sum(tests.values()) == 28
+    assert "Estimated working time: about 60 minutes" in intro
+    # Device-agnostic: the template picks the device, nothing hard-codes CUDA.
+    text = "\n".join(c.source for c in source.cells)
+    assert "tinyserve.default_device()" in text and ".cuda()" not in text
+
+
+def test_support_file_is_released_unchanged_and_shared():
+    """The checking helpers reach the learner (and the sandbox) as released; every build
+    assignment ships the same copy."""
+    released = ROOT / "exercises" / NAME / "build_checks.py"
+    assert filecmp.cmp(SOURCE_DIR / "build_checks.py", released, shallow=False)
+    for other in (ROOT / "solutions").glob("build_*/build_checks.py"):
+        assert filecmp.cmp(other, SOURCE_DIR / "build_checks.py", shallow=False), other
+
+
+PROBE = """
+import json
+print("PROBE " + json.dumps({"yours": yours, "reference": reference}))
+"""
+
+
+def test_solution_passes_every_test_and_writes_the_engines_reply(source):
+    got = run_probe(source, SOURCE_DIR, PROBE)
+    assert len(got["yours"]) == 40 and got["yours"] == got["reference"]
+
+
+# ------------------------------------------------------------------ the blank release
+
+def test_blank_release_earns_nothing_and_leaks_nothing(source):
+    _, errs = run_blank_release(RELEASED, source, SOURCE_DIR)
+    assert errs == {gid: "NotImplementedError" for gid in TEST_POINTS}
+
+
+# ------------------------------------------------------------------ the classic mistakes, named
+
+RMS = "def rms_norm(x, weight, eps):\n    return x * torch.rsqrt(x.pow(2).mean({dim}, keepdim=True){eps}) * weight"
+TABLES = ("def rope_tables(positions, head_dim, theta):\n"
+          "    i = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)\n"
+          "    a = positions.float()[:, None] * theta ** (-i / head_dim)\n"
+          "    a = {layout}\n"
+          "    return a.cos(), a.sin()")
+ROTARY_INTERLEAVED = ("def apply_rotary(x, cos, sin):\n"
+                      "    even, odd = x[..., 0::2], x[..., 1::2]\n"
+                      "    return x * cos + torch.stack([-odd, even], dim=-1).flatten(-2) * sin")
+ATTN = ("def attention(q, k, v, qp, kp):\n"
+        "    g = q.shape[0] // k.shape[0]\n"
+        "    k, v = k.{rep}, v.{rep}\n"
+        "    s = q @ k.transpose(-1, -2) / {scale}\n"
+        "    {mask}\n"
+        "    return torch.softmax(s, dim=-1) @ v")
+GOOD_ATTN = dict(rep="repeat_interleave(g, dim=0)", scale="math.sqrt(q.shape[-1])",
+                 mask="s = s.masked_fill(~(kp[None, :] <= qp[:, None]), float('-inf'))")
+
+def _pasted_reference(name: str, as_name: str) -> str:
+    """tinyserve's current source of `name`, renamed: what a learner who copies it submits."""
+    import inspect
+    import tinyserve.model
+    return inspect.getsource(getattr(tinyserve.model, name)).replace(f"def {name}(", f"def {as_name}(", 1)
+
+
+# (test cell, code a learner might write in its place, a fragment the failure must contain)
+MISTAKES = [
+    ("test_rms_norm", RMS.format(dim=-1, eps=""), "WITHOUT eps"),
+    ("test_rms_norm", RMS.format(dim=0, eps=" + eps"), "wrong axis"),
+    ("test_rope_tables", TABLES.format(layout="a.repeat_interleave(2, dim=-1)"), "interleaved"),
+    ("test_apply_rotary", ROTARY_INTERLEAVED, "interleaved layout"),
+    ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask="pass")), "no causal mask"),
+    ("test_attention_causal",
+     ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] < qp[:, None]), float('-inf'))")),
+     "its own key too"),
+    ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, scale="q.shape[-1]")), "scaled by head_dim"),
+    ("test_attention_gqa", ATTN.format(**dict(GOOD_ATTN, rep="repeat(g, 1, 1)")), "repeat_interleave"),
+    ("test_swiglu", "def swiglu_mlp(x, g, u, d):\n    return ((x @ g.T) * torch.nn.functional.silu(x @ u.T)) @ d.T",
+     "silu is applied to the up projection"),
+    ("test_forward",
+     "def forward(ids, positions, weights, cfg):\n"
+     "    E = weights['model.embed_tokens.weight']\n"
+     "    x = E[ids]\n"
+     "    for i in range(cfg['num_hidden_layers']):\n"
+     "        x = decoder_block(x, positions, layer_weights(weights, i), cfg)\n"
+     "    return x @ E.T", "final RMSNorm"),
+    ("test_generate",
+     "_solution_generate = generate_no_cache\n"
+     "def generate_no_cache(p, n, w, c):\n    return list(p) + _solution_generate(p, n, w, c)",
+     "returns the prompt too"),
+    # Calling or copying the reference earns nothing for the piece, with the reason.
+    ("test_rms_norm",
+     "from tinyserve.model import RMSNorm\n"
+     "def rms_norm(x, weight, eps):\n"
+     "    norm = RMSNorm(x.shape[-1], eps).to(x.device)\n"
+     "    norm.weight.data.copy_(weight)\n"
+     "    return norm(x).detach()", "no points for this piece"),
+    ("test_apply_rotary", "from tinyserve.model import apply_rope\n"
+                          "apply_rotary = lambda x, cos, sin: apply_rope(x[None], cos[None], sin[None])[0]",
+     "tinyserve"),
+    ("test_attention_causal",
+     "def attention(q, k, v, qp, kp):\n"
+     "    g = q.shape[0] // k.shape[0]\n"
+     "    return torch.nn.functional.scaled_dot_product_attention(\n"
+     "        q, k.repeat_interleave(g, 0), v.repeat_interleave(g, 0), attn_mask=kp[None, :] <= qp[:, None])",
+     "scaled_dot_product_attention"),
+    ("test_rope_tables",  # tinyserve's own function pasted in under the piece's name
+     _pasted_reference("rope_cos_sin", "rope_tables"), "copied from tinyserve"),
+    ("test_swiglu",  # hidden from the code, caught when tinyserve is made unavailable
+     "def swiglu_mlp(x, g, u, d):\n"
+     "    ref = __import__('tiny' + 'serve.model').model\n"
+     "    return (ref.F.silu(x @ g.T) * (x @ u.T)) @ d.T", "stops working when tinyserve is unavailable"),
+]
+
+
+def test_classic_mistakes_get_messages_that_name_them(source):
+    """Each wrong answer runs against the real test cell (hidden tests included) in one kernel;
+    the solution runs first, so each mistake is the only thing wrong in its cell."""
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+@pytest.mark.parametrize("cell, wrong, failing", [
+    ("rms_norm", RMS.format(dim=-1, eps=""), {"test_rms_norm"}),
+    ("attention", ATTN.format(**dict(GOOD_ATTN, rep="repeat(g, 1, 1)")), {"test_attention_gqa"}),
+])
+def test_one_wrong_piece_costs_only_its_own_points(source, cell, wrong, failing):
+    """The block, forward and generate tests accept a right composition of the learner's own
+    pieces, so a slip in a piece below them fails that piece's test only."""
+    nb = copy_notebook(source)
+    nb.cells = [c for c in nb.cells if c.cell_type == "markdown" or meta(c)]  # no payoff cell
+    target = next(c for c in nb.cells if meta(c).get("grade_id") == cell)
+    target.source = wrong
+    execute(nb, SOURCE_DIR, allow_errors=True)
+    assert set(errors(nb)) == failing
+
+
+# ------------------------------------------------------------------ end to end, sandboxed
+
+@needs_sandbox
+def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)

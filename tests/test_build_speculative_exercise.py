@@ -1,0 +1,114 @@
+"""The build_speculative exercise (chapter 8, build track part 3): the learner writes the draft
+step, greedy verification, the speculative loop with both KV caches rolled back, and rejection
+sampling with the residual (checked by a seeded distribution test). Checked here: a valid source
+whose solution passes every visible and hidden test and reproduces the target's greedy text in
+fewer target passes, a blank release that earns nothing, named mistakes, no points for calling
+tinyserve's verifier, and sandboxed grading.
+"""
+from __future__ import annotations
+
+import filecmp
+
+import pytest
+
+from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+                             check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
+                             run_blank_release, run_probe, source_fixture)
+
+NAME = "build_speculative"
+SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
+source = source_fixture(SOURCE)
+
+TEST_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greedy": 4,
+               "test_accept_sampled": 4}
+ANSWER_CELLS = {"draft", "accept_greedy", "speculative", "accept_sampled"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread_kernels(monkeypatch):
+    # One torch thread per kernel, as in the grading sandbox (two oversubscribe a shared 2-core box).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_source_assignment_specifics(source):
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert meta(first)["locked"] and not meta(first)["grade"]
+    assert 'spec_from_file_location("build_checks", "build_checks.py")' in first.source
+    tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
+    intro = source.cells[0].source
+    assert "(12 points)" in intro and sum(tests.values()) == 12
+    assert "Estimated working time: about 50 minutes" in intro
+    text = "\n".join(c.source for c in source.cells)
+    assert "tinyserve.default_device()" in text and ".cuda()" not in text
+    assert filecmp.cmp(SOURCE_DIR / "build_checks.py", ROOT / "solutions" / "build_model" / "build_checks.py",
+                       shallow=False)
+    assert filecmp.cmp(SOURCE_DIR / "build_checks.py", ROOT / "exercises" / NAME / "build_checks.py",
+                       shallow=False)
+
+
+PROBE = """
+import json
+print("PROBE " + json.dumps({"same": spec == greedy, "spec_passes": target.passes,
+                             "plain_passes": plain_target.passes, "tokens": len(spec)}))
+"""
+
+
+def test_solution_passes_every_test_and_speculates(source):
+    got = run_probe(source, SOURCE_DIR, PROBE)
+    assert got["same"] and got["tokens"] == 60
+    assert got["plain_passes"] == 61 and got["spec_passes"] < 30   # several tokens per pass
+
+
+def test_blank_release_earns_nothing_and_leaks_nothing(source):
+    _, errs = run_blank_release(RELEASED, source, SOURCE_DIR)
+    assert errs == {gid: "NotImplementedError" for gid in TEST_POINTS}
+
+
+SAMPLED = ("def accept_sampled(guesses, p, q, seed):\n"
+           "    generator = torch.Generator().manual_seed(seed)\n"
+           "    for i, d in enumerate(guesses):\n"
+           "        u = float(torch.rand(1, generator=generator))\n"
+           "        if {keep}:\n"
+           "            continue\n"
+           "        r = {residual}\n"
+           "        return guesses[:i] + [int(torch.multinomial(r / r.sum(), 1, generator=generator))]\n"
+           "    return guesses{bonus}")
+GOOD_SAMPLED = dict(keep="u < float(p[i, d]) / float(q[i, d])", residual="(p[i] - q[i]).clamp_min(0.0)",
+                    bonus=" + [int(torch.multinomial(p[len(guesses)], 1, generator=generator))]")
+
+MISTAKES = [
+    ("test_accept_greedy",
+     "def accept_greedy(guesses, logits):\n"
+     "    c = logits.argmax(-1).tolist()\n"
+     "    n = 0\n"
+     "    while n < len(guesses) and guesses[n] == c[n]:\n"
+     "        n += 1\n"
+     "    return guesses[:n] + ([c[n]] if n < len(guesses) else [])", "bonus token is missing"),
+    ("test_speculative_greedy",
+     "def speculative_greedy(prompt, n, k, target, dm):\n"
+     "    first = int(target.feed(list(prompt))[-1].argmax())\n"
+     "    context, out = list(prompt) + [first], [first]\n"
+     "    while len(out) < n:\n"
+     "        g = draft(dm, context, k)\n"
+     "        new = accept_greedy(g, target.feed(context[-1:] + g))\n"
+     "        context += new\n"
+     "        out += new\n"
+     "        dm.rollback(len(context) - 1)\n"
+     "    return out[:n]", "caches not rolled back"),
+    ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, residual="p[i].clone()")), "drawn from p"),
+    ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="True")), "follows the draft's q"),
+    ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, bonus="")), "bonus token"),
+    ("test_accept_greedy", "from tinyserve.speculative import accept_greedy as _theirs\n"
+                           "def accept_greedy(guesses, logits):\n"
+                           "    return _theirs(guesses, logits.argmax(-1).tolist())", "no points for this piece"),
+]
+
+
+def test_classic_mistakes_get_messages_that_name_them(source):
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+@needs_sandbox
+def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)

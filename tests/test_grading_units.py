@@ -1,0 +1,290 @@
+"""Fast checks of the grading pieces that need no kernel: the channel's data format, the
+test namespace, collect's handling of each upload alone, encodings in the export and the
+feedback, repaired cell ids, the kernel's resource limits and the output cap."""
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder.channel import Channel, Remote, StudentError, TestNamespace
+from autograder.collect import collect
+from autograder.course import Course
+from autograder.execute import _output_size
+from autograder.report import export
+from autograder.submission import load
+from autograder.wire import Decoder, Encoder, WireError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+# ------------------------------------------------------------------ the data format
+
+def _roundtrip(value):
+    text = Encoder(lambda obj, depth: (_ for _ in ()).throw(WireError("no"))).dumps(value)
+    return Decoder(lambda *a: None).loads(text)
+
+
+@pytest.mark.parametrize("value", [
+    None, True, 3, -2**70, 2.5, float("inf"), "text \u00e9", [1, [2, 3]], (1, "a"),
+    {"a": 1, 2: (3, 4)}, {1, 2}, collections.deque([1, 2]), b"\x00\xff",
+])
+def test_plain_values_cross_unchanged(value):
+    got = _roundtrip(value)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.int64,
+                                   torch.bool])
+def test_tensors_cross_as_dtype_shape_and_bytes(dtype):
+    t = (torch.arange(12).reshape(3, 4) % 3).to(dtype)
+    got = _roundtrip(t)
+    assert type(got) is torch.Tensor and got.dtype == dtype and got.shape == (3, 4)
+    assert torch.equal(got, t)
+    assert _roundtrip(torch.empty(0, 5)).shape == (0, 5)
+
+
+def test_values_with_behaviour_never_decode_as_data():
+    class Always(int):
+        def __eq__(self, other):
+            return True
+    handles = []
+    enc = Encoder(lambda obj, depth: handles.append(obj) or {"$h": [len(handles), "Always"]})
+    text = enc.dumps([Always(3), 4.0])
+    got = Decoder(lambda ref, name, methods=frozenset(): ("handle", ref, name)).loads(text)
+    assert got == [("handle", 1, "Always"), 4.0] and type(got[1]) is float
+
+
+@pytest.mark.parametrize("text", [
+    '{"$pickle": "x"}', '{"$t": [1], "$d": []}', "[" * 5000 + "]" * 5000,
+    '{"$tensor": ["float32", [2], "AAAA"]}', '{"$tensor": ["os.system", [1], ""]}',
+    '{"$nd": ["O", [1], ""]}',
+])
+def test_malformed_messages_are_refused(text):
+    with pytest.raises((WireError, TypeError, ValueError)):
+        Decoder(lambda *a: None).loads(text)
+
+
+# ------------------------------------------------------------------ the channel, faked kernel
+
+class FakeKernel:
+    """Answers requests the way autograder.agent would, from canned replies."""
+
+    def __init__(self, names: dict, replies=None):
+        self.names, self.replies, self.sent = names, replies or {}, []
+
+    def __call__(self, request, timeout):
+        if request is None:
+            return None
+        req = json.loads(request)
+        self.sent.append(req)
+        if req["op"] == "name":
+            return self.names.get(req["name"], '{"missing":true}')
+        return self.replies[req["op"]]
+
+
+def test_student_names_resolve_late_and_trusted_names_never_change():
+    kernel = FakeKernel({"answer": '{"ok":42}', "check_equal": '{"ok":"forged"}'})
+    ch = Channel(kernel)
+    ns = TestNamespace(ch)
+    ch.namespace = ns
+    exec("def check_equal(a, b):\n    return a == b\nok = check_equal(answer, 42)", ns)
+    assert ns["ok"] is True
+    assert [r["name"] for r in kernel.sent] == ["answer"]  # check_equal was never asked for
+    with pytest.raises(NameError):
+        exec("missing_answer", ns)
+
+
+def test_student_errors_come_back_marked_and_capped():
+    kernel = FakeKernel({"f": '{"ok":{"$h":[7,"function",[]]}}'},
+                        {"call": json.dumps({"error": ["builtins", "ValueError", "x" * 5000]})})
+    ch = Channel(kernel)
+    ns = TestNamespace(ch)
+    ch.namespace = ns
+    with pytest.raises(ValueError) as info:
+        exec("f(1)", ns)
+    assert info.value.autograder_student == "ValueError" and len(str(info.value)) < 600
+    # An AssertionError from the student's code is never mistaken for a test's message.
+    kernel.replies["call"] = json.dumps({"error": ["builtins", "AssertionError", "[t] ok"]})
+    with pytest.raises(StudentError):
+        exec("f(1)", ns)
+
+
+def test_a_handle_compares_by_identity_only():
+    ch = Channel(FakeKernel({}))
+    a, b = Remote(ch, 1, "Always"), Remote(ch, 2, "Always")
+    assert a != b and not (a == 3) and a == a
+
+
+# ------------------------------------------------------------------ collect, upload by upload
+
+def _course(tmp_path) -> Course:
+    import shutil
+    shutil.copytree(FIXTURES / "mini_assignment" / "mini", tmp_path / "solutions" / "mini")
+    return Course(tmp_path)
+
+
+def test_a_nested_copy_in_one_upload_never_replaces_another_students(tmp_path):
+    course = _course(tmp_path / "course")
+    z = tmp_path / "export.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("export/ann/mini/mini.ipynb", "ANN")
+        zf.writestr("export/ben/mini/mini.ipynb", "BEN")
+        zf.writestr("export/ben/mini/ann/mini/mini.ipynb", "FORGED")
+        zf.writestr("export/zed/ann/mini/mini.ipynb", "FORGED TOO")
+    students, warnings = collect(course, "mini", z)
+    assert students == ["ann", "ben"]
+    assert (course.submitted / "ann" / "mini" / "mini.ipynb").read_text() == "ANN"
+    assert any("ann: also found under export/zed/ann" in w for w in warnings), warnings
+
+
+def test_one_bad_upload_costs_only_its_student(tmp_path):
+    course = _course(tmp_path / "course")
+    z = tmp_path / "export.zip"
+    with zipfile.ZipFile(z, "w", compression=zipfile.ZIP_STORED) as zf:
+        zf.writestr("bob/mini/mini.ipynb", "BOB-PAYLOAD-" * 100)     # its CRC will lie
+        zf.writestr("ann/mini/mini.ipynb", "ANN")
+        zf.writestr("carl/mini/x", "a file...")
+        zf.writestr("carl/mini/x/y", "...and a folder of the same name")
+        zf.writestr(f"dave/mini/{'n' * 300}.ipynb", "a name too long")
+        zf.writestr("erin/mini/mini.ipynb", "ERIN")
+    raw = bytearray(z.read_bytes())
+    at = raw.index(b"BOB-PAYLOAD-")
+    raw[at] = ord("X")
+    z.write_bytes(bytes(raw))
+    students, warnings = collect(course, "mini", z)
+    assert students == ["ann", "erin"], warnings
+    for who in ("bob", "carl", "dave"):
+        assert any(w.startswith(f"{who}: not collected") for w in warnings), (who, warnings)
+        assert not (course.submitted / who / "mini").exists()
+
+
+# ------------------------------------------------------------------ encodings, ids, limits
+
+def test_lone_surrogates_never_stop_the_export_or_a_feedback_page(tmp_path):
+    course = _course(tmp_path)
+    result = {"student": "ann", "assignment": "mini", "status": "graded", "score": 1.0,
+              "max_score": 4.0, "flags": [], "reasons": ["unknown nbgrader cell ids: evil\udc80"],
+              "notebooks": {"mini": {"tests": [
+                  {"grade_id": "t\ud800", "kind": "test", "max_points": 1, "points": 0,
+                   "passed": False, "needs_manual_grade": False,
+                   "message": "your code raised ValueError: bad \udc80"}]}}}
+    (course.results / "mini").mkdir(parents=True)
+    (course.results / "mini" / "ann.json").write_text(json.dumps(result))
+    out = course.work / "grades.csv"
+    assert export(course, ["mini"], out) == 1
+    row = next(csv.DictReader(open(out, encoding="utf-8")))
+    assert "evil\ufffd" in row["reason"]
+    from autograder.report import feedback
+    [page] = feedback(course, "mini")
+    text = page.read_text(encoding="utf-8")
+    assert "bad \ufffd" in text and "t\ufffd" in text
+
+
+def test_cell_ids_with_path_characters_are_replaced_not_fatal(tmp_path):
+    import nbformat
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    data = json.loads(nbformat.writes(nb))
+    data["cells"][0]["id"] = "../../etc/passwd"
+    path = tmp_path / "mini.ipynb"
+    path.write_text(json.dumps(data))
+    loaded, notes = load(path)
+    nbformat.validate(loaded)  # writing the graded copy validates it
+    assert loaded.cells[0].id != "../../etc/passwd"
+    assert any("cell id" in n for n in notes)
+
+
+def test_the_kernel_gets_its_memory_limit(tmp_path):
+    code = ("import resource, json; from autograder.kernel_boot import _set_limits\n"
+            "_set_limits({'memory_mb': 1500, 'processes': 4000, 'file_size_mb': 64,"
+            " 'cpu_seconds': 300, 'open_files': 1024})\n"
+            "print(json.dumps(resource.getrlimit(resource.RLIMIT_AS)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert json.loads(out.stdout) == [1500 * 2**20] * 2, out.stderr
+
+
+def test_output_metadata_counts_against_the_cap():
+    small = {"data": {"text/plain": "x"}, "metadata": {"m": "y" * 10**6}}
+    assert _output_size(small) > 10**6
+
+
+# ------------------------------------------------------------------ messages (issue 17, item 7)
+
+def test_numbers_print_one_way_with_separators_and_units():
+    from autograder.testkit import check_close
+    with pytest.raises(AssertionError) as info:
+        check_close(536_870_912, 1_073_741_824, name="kv", unit="bytes")
+    text = str(info.value)
+    assert "expected 1,073,741,824 bytes" in text and "got 536,870,912 bytes" in text
+    assert "e+" not in text
+    with pytest.raises(AssertionError) as info:
+        check_close(0.0215, 0.021, name="itl", abs=1e-6, unit="s")
+    assert "expected 0.021 s" in str(info.value) and "got 0.0215 s" in str(info.value)
+
+
+def test_feedback_names_pending_manual_points_and_its_title_once():
+    from autograder.report import render
+    nb = {"tests": [
+        {"grade_id": "test_a", "kind": "test", "max_points": 2, "points": 2, "passed": True,
+         "needs_manual_grade": False, "message": "passed"},
+        {"grade_id": "written", "kind": "manual", "max_points": 3, "points": 0,
+         "passed": False, "needs_manual_grade": True, "message": "awaiting manual grading"}]}
+    r = {"status": "graded", "reasons": []}
+    page = render("ann", "mini", "mini", r, nb, {})
+    assert "answers awaiting manual grading: 3 points" in page
+    assert "mini / mini" not in page and "<h1>mini</h1>" in page
+    assert "awaiting" not in render("ann", "mini", "mini", r, {"tests": nb["tests"][:1]}, {})
+
+
+def test_an_unanswered_name_reads_not_answered_yet():
+    from autograder.execute import CellResult
+    from autograder.trusted import _failure
+    from autograder.worker import failure_message
+    try:
+        exec("WORKED_EXAMPLE_BYTES + 1", {})
+    except NameError as e:
+        assert failure_message(_failure(e)).startswith("not answered yet")
+    student = ValueError("boom")
+    student.autograder_student = "AssertionError"
+    assert failure_message(_failure(student)) == "your code raised AssertionError: boom"
+    assert failure_message(CellResult("error", "AssertionError", "[t] expected 4")) \
+        == "[t] expected 4"
+
+
+def test_the_formgrader_view_of_a_submission_carries_no_active_content(tmp_path):
+    """The formgrader renders a submission with nbconvert's HTMLExporter, nbgrader's formgrade
+    template and this course's nbgrader_config.py; a student's planted scripts must not
+    survive it (in a markdown answer, an HTML output, a JavaScript output)."""
+    import nbformat
+    from nbconvert.exporters import HTMLExporter
+    from traitlets.config import Config
+    from nbgrader.server_extensions.formgrader import handlers
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("My answer <script>window.pwned = 1</script> **bold**"),
+        nbformat.v4.new_code_cell("x", outputs=[
+            nbformat.v4.new_output("display_data", data={
+                "text/html": "<b>hi</b><script>window.pwned = 2</script>"
+                             "<img src=x onerror='window.pwned = 3'>",
+                "application/javascript": "window.pwned = 4"})])])
+    config = Config()
+    course_config = Path(__file__).resolve().parents[1] / "nbgrader_config.py"
+    exec(course_config.read_text(), {"get_config": lambda: config, "__file__": str(course_config)})
+    config.HTMLExporter.template_name = "formgrade"
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    html, _ = HTMLExporter(config=config).from_notebook_node(nb, resources={
+        "assignment_id": "mini", "notebook_id": "mini", "submission_id": "y", "index": 0,
+        "total": 1, "base_url": "", "student": "ann", "last_name": "", "first_name": "",
+        "notebook_path": "x"})
+    import re
+    # What is left of the planted code is inert, escaped text; no tag or handler survives.
+    assert not re.search(r"<script[^>]*>[^<]*pwned", html)
+    assert not re.search(r"<img[^>]*onerror", html) and "window.pwned = 4" not in html
+    assert "<b>hi</b>" in html and "<strong>bold</strong>" in html

@@ -1,0 +1,117 @@
+"""`python -m autograder mutants`: single-point mutants of a solution, graded in the sandbox.
+
+A two-function assignment whose tests are deliberately weak in one place: `square(2) == 4`
+cannot tell `x ** 2` from `x * 2`, so exactly that mutant survives and is reported with its
+cell, line and change; the others lose marks.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from exercise_checks import needs_sandbox
+
+from autograder.course import Course, CourseError
+from autograder.mutants import assignment_mutants, cell_mutants
+
+ANSWER = '''def clamp_low(x: int) -> int:
+    """x, or 0 if x is negative."""
+    ### BEGIN SOLUTION
+    return max(x, 0)
+    ### END SOLUTION
+
+
+def square(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x ** 2
+    ### END SOLUTION
+'''
+TESTS = ('check_equal(clamp_low(5), 5, name="clamp_low(5)")\n'
+         'check_equal(clamp_low(-3), 0, name="clamp_low(-3)")\n'
+         'check_equal(square(2), 4, name="square(2)")')
+
+
+def _cell(kind: str, gid: str, source: str, **flags) -> nbformat.NotebookNode:
+    cell = (nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell)(source)
+    cell.metadata = {"nbgrader": {"grade": False, "grade_id": gid, "locked": True,
+                                  "schema_version": 3, "solution": False, "task": False, **flags}}
+    return cell
+
+
+def make_course(root: Path) -> Course:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}}
+    nb.cells = [_cell("md", "intro", "# Tiny"),
+                _cell("code", "imports", "from autograder.testkit import check, check_close, check_equal"),
+                _cell("code", "answer", ANSWER, solution=True, locked=False),
+                _cell("code", "test_answer", TESTS, grade=True, points=2)]
+    folder = root / "solutions" / "tiny"
+    folder.mkdir(parents=True)
+    nbformat.write(nb, folder / "tiny.ipynb")
+    return Course(root)
+
+
+def test_mutants_are_single_point_changes_of_the_solution_code_only():
+    mutants = cell_mutants(ANSWER, "tiny", "answer")
+    changes = sorted((m.line, m.change.split(" in ")[0]) for m in mutants)
+    assert changes == [(4, "`0` -> `1`"), (4, "`max(` -> `min(`"),
+                       (10, "`**` -> `*`"), (10, "`2` -> `3`")]
+    for m in mutants:  # the rest of the cell is untouched: one line differs, comments kept
+        diff = [(a, b) for a, b in zip(ANSWER.splitlines(), m.source.splitlines()) if a != b]
+        assert len(diff) == 1 and "### BEGIN SOLUTION" in m.source
+    # Annotations, docstrings and code outside the markers are never mutated.
+    assert all(m.line in (4, 10) for m in mutants)
+
+
+def test_every_assignment_has_mutants():
+    root = Path(__file__).resolve().parents[1] / "solutions"
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        assert assignment_mutants(folder), folder.name
+
+
+@needs_sandbox
+def test_mutation_score_grades_each_mutant_and_names_the_survivor(tmp_path, capsys):
+    from autograder.cli import main
+    make_course(tmp_path)
+    out = tmp_path / "report.json"
+    assert main(["--root", str(tmp_path), "mutants", "tiny", "--workers", "2",
+                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert (report["mutants"], report["killed"], report["score"]) == (4, 3, 0.75)
+    assert report["baseline"] == 2
+    [survivor] = report["survivors"]
+    assert (survivor["cell"], survivor["line"]) == ("answer", 10)
+    assert survivor["change"] == "`**` -> `*` in `return x ** 2`"
+    printed = capsys.readouterr().out
+    assert "tiny: 3/4 mutants lose marks: mutation score 0.75" in printed
+    assert "survived  tiny/answer line 10: `**` -> `*`" in printed
+
+
+def test_bad_sample_is_named(tmp_path):
+    from autograder.cli import main
+    make_course(tmp_path)
+    assert main(["--root", str(tmp_path), "mutants", "tiny", "--sample", "0"]) == 2
+
+
+def test_sample_is_seeded_subset(tmp_path, monkeypatch):
+    import autograder.grade
+    import autograder.mutants as mutants
+    make_course(tmp_path)
+    graded: list[list[str]] = []
+
+    def fake_autograde(course, name, **kw):
+        subs = sorted(p.name for p in course.submitted.iterdir())
+        graded.append(subs)
+        return [{"student": s, "status": "graded", "score": 2 if s == "baseline" else 0,
+                 "reasons": [], "flags": []} for s in subs]
+
+    monkeypatch.setattr(autograder.grade, "autograde", fake_autograde)
+    monkeypatch.setattr(mutants, "release", lambda course, name: None)
+    a = mutants.mutation_score(Course(tmp_path), "tiny", sample=2, seed=1)
+    assert (a["mutants"], a["of"], a["score"]) == (2, 4, 1.0)
+    assert graded == [["baseline", "m0000", "m0001"]]
+    with pytest.raises(CourseError, match="unknown assignment"):
+        mutants.mutation_score(Course(tmp_path), "nope")
