@@ -42,7 +42,7 @@ def test_source_assignment_specifics(source):
     first = next(c for c in source.cells if c.cell_type == "code")
     assert meta(first)["locked"] and not meta(first)["grade"]
     assert "from autograder.testkit import check, check_close, check_equal" in first.source
-    assert "from build_checks import" in first.source
+    assert 'spec_from_file_location("build_checks", "build_checks.py")' in first.source
     tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
     assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
     intro = source.cells[0].source
@@ -100,6 +100,13 @@ ATTN = ("def attention(q, k, v, qp, kp):\n"
 GOOD_ATTN = dict(rep="repeat_interleave(g, dim=0)", scale="math.sqrt(q.shape[-1])",
                  mask="s = s.masked_fill(~(kp[None, :] <= qp[:, None]), float('-inf'))")
 
+def _pasted_reference(name: str, as_name: str) -> str:
+    """tinyserve's current source of `name`, renamed: what a learner who copies it submits."""
+    import inspect
+    import tinyserve.model
+    return inspect.getsource(getattr(tinyserve.model, name)).replace(f"def {name}(", f"def {as_name}(", 1)
+
+
 # (test cell, code a learner might write in its place, a fragment the failure must contain)
 MISTAKES = [
     ("test_rms_norm", RMS.format(dim=-1, eps=""), "WITHOUT eps"),
@@ -141,13 +148,8 @@ MISTAKES = [
      "    return torch.nn.functional.scaled_dot_product_attention(\n"
      "        q, k.repeat_interleave(g, 0), v.repeat_interleave(g, 0), attn_mask=kp[None, :] <= qp[:, None])",
      "scaled_dot_product_attention"),
-    ("test_rope_tables",  # tinyserve's own lines pasted in
-     "def rope_tables(positions, head_dim, theta):\n"
-     "    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,\n"
-     "                                             dtype=torch.float32) / head_dim))\n"
-     "    angles = positions.float()[..., None] * inv_freq          # (B, T, head_dim/2)\n"
-     "    angles = torch.cat([angles, angles], dim=-1)              # (B, T, head_dim)\n"
-     "    return angles.cos(), angles.sin()", "copied from tinyserve"),
+    ("test_rope_tables",  # tinyserve's own function pasted in under the piece's name
+     _pasted_reference("rope_cos_sin", "rope_tables"), "copied from tinyserve"),
     ("test_swiglu",  # hidden from the code, caught when tinyserve is made unavailable
      "def swiglu_mlp(x, g, u, d):\n"
      "    ref = __import__('tiny' + 'serve.model').model\n"

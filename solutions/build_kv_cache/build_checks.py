@@ -153,20 +153,31 @@ def error_without_reference(fn: object, call) -> BaseException | None:
         scope.update(names)
 
 
-def check_own(fn: object, piece: str, pieces: tuple[str, ...], call=None,
-              banned: tuple[str, ...] = ()) -> None:
-    """No points for a piece that calls or copies the reference (or a ``banned`` shortcut)."""
+def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
+             args: tuple | None = None) -> list[str]:
+    """Why ``fn`` is not the learner's own work (empty: nothing found). Runs where the learner's
+    code lives (their kernel): it reads the code of ``fn`` and, given ``args``, calls
+    ``fn(*args)`` once more with tinyserve unavailable. Returns plain strings, so a trusted
+    test runner can ask for it over its data-only channel."""
     uses = reference_uses(fn, pieces, banned)
-    check(not uses, name=f"{piece} is your own code",
-          message=f"{piece} uses {', '.join(uses)[:300]}: no points for this piece. The tests "
-                  f"compare your code with tinyserve, so an answer that calls or copies it shows "
-                  f"nothing; write the piece with torch operations.")
-    if call is not None:
-        err = error_without_reference(fn, call)
-        check(err is None, name=f"{piece} is your own code",
-              message=f"{piece} stops working when tinyserve is unavailable "
-                      f"({type(err).__name__}: {str(err)[:200]}): no points for this piece; "
-                      f"it must not depend on the reference it is graded against.")
+    problems = [f"uses {', '.join(uses)[:300]}"] if uses else []
+    if args is not None and not problems:
+        err = error_without_reference(fn, lambda: fn(*args))  # type: ignore[operator]
+        if err is not None:
+            problems.append(f"stops working when tinyserve is unavailable "
+                            f"({type(err).__name__}: {str(err)[:200]})")
+    return problems
+
+
+def check_own(problems: object, piece: str) -> None:
+    """No points for a piece that calls or copies the reference: ``problems`` is what
+    ``own_work`` found for it."""
+    check(type(problems) is list and all(type(p) is str for p in problems), name=f"{piece} is your own code",
+          message="the check of your code did not answer; run the notebook from the top")
+    check(not problems, name=f"{piece} is your own code",
+          message=f"{piece} {'; '.join(problems)[:400]}: no points for this piece. The tests compare "
+                  f"your code with tinyserve, so an answer that calls or copies it shows nothing; "
+                  f"write the piece with torch operations.")
 
 
 def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
@@ -176,9 +187,8 @@ def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
     shape = tuple(getattr(got, "shape", ()))
     check(type(got) is _Tensor and shape == tuple(want.shape), name=name,
           message=f"expected a tensor of shape {tuple(want.shape)}, got {type(got).__name__} {shape}")
-    check(got.device == want.device, name=name,
-          message=f"expected the result on {want.device} (where the inputs are), got {got.device}")
-    got32, want32 = got.detach().float(), want.float()
+    # Compared on the reference's device: a trusted runner receives tensors on the CPU.
+    got32, want32 = got.detach().to(want.device).float(), want.float()
     ok = bool(_allclose(got32, want32, atol=atol, rtol=rtol))
     message = f"differs from {what} (largest difference {float((got32 - want32).abs().max()):.3g})"
     if not ok:
@@ -186,7 +196,7 @@ def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
             message = f"contains NaN or inf where {what} is finite"
         for wrong, why in mistakes:
             if tuple(wrong.shape) == shape and bool(
-                    _allclose(got32, wrong.float(), atol=atol, rtol=rtol, equal_nan=True)):
+                    _allclose(got32, wrong.to(want.device).float(), atol=atol, rtol=rtol, equal_nan=True)):
                 message = why
                 break
     check(ok, name=name, message=message)
@@ -206,10 +216,11 @@ def random_model(device: torch.device | str, seed: int, **sizes):
                bos_token_id=1, eos_token_id=2, pad_token_id=0)
     cfg.update(sizes)
     torch.manual_seed(seed)
-    model = TinyLlama(ModelConfig(**cfg)).to(device).eval()
-    with torch.no_grad():
+    model = TinyLlama(ModelConfig(**cfg)).eval()
+    with torch.no_grad():  # on the CPU, so every device gets the same weights from a seed
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
+    model = model.to(device)
     weights = {n: t.detach().clone() for n, t in model.state_dict().items()
                if n != "lm_head.weight"}
     cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -263,8 +274,9 @@ class ReferenceCache:
         keys, values, _ = self._cache.update(layer, k[None], v[None], positions[None])
         return keys[0], values[0]
 
-    def prefill_with(self, model: torch.nn.Module, prompt: list[int]) -> None:
-        """Fill positions 0..T-1 with tinyserve's model (the ``model`` of ``weights``)."""
+    def prefill_with(self, spec: tuple, prompt: list[int]) -> None:
+        """Fill positions 0..T-1 with tinyserve's model named by ``spec`` (see model_from_spec)."""
+        model = model_from_spec(spec, self._cache.k.device)
         ids = torch.tensor([prompt], device=self._cache.k.device)
         with torch.no_grad():
             model(ids, torch.arange(len(prompt), device=ids.device)[None], self._cache)
@@ -272,3 +284,22 @@ class ReferenceCache:
     def keys(self, layer: int) -> Tensor:
         """(n_kv_heads, length, head_dim) keys of ``layer`` (for the tests' comparisons)."""
         return self._cache.k[layer, 0, :, :self.length]
+
+
+def model_from_spec(spec: tuple, device: torch.device | str):
+    """A tinyserve model both sides of a trusted runner can build alike: ("target",),
+    ("draft",) or ("random", seed, sizes) (``random_model``'s seeded weights)."""
+    if spec[0] == "random":
+        return random_model(device, spec[1], **dict(spec[2]))[0]
+    from tinyserve.checkpoint import load_model
+    return load_model(spec[0], device=device, dtype=torch.float32)
+
+
+def reference_cache(cfg: dict, max_seq: int, device: torch.device | str,
+                    prefill: tuple | None = None) -> ReferenceCache:
+    """A ReferenceCache, prefilled with ``prefill = (spec, prompt)`` if given. Called in the
+    learner's kernel, it stays there; a trusted runner holds a handle on it."""
+    cache = ReferenceCache(cfg, max_seq, device)
+    if prefill is not None:
+        cache.prefill_with(*prefill)
+    return cache
