@@ -23,13 +23,15 @@ PYTEST_ARGS  ?=
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab test e2e venv system-deps train bench release clean help \
+.PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help \
         collect autograde feedback export grade-bench check gpu-wheels gpu-check
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
+	@echo "make lab-instructor   the same with nbgrader's instructor tools (formgrader, ...)"
 	@echo "make test    run the whole test suite (browser tests included)"
 	@echo "make e2e     run only the browser tests (JupyterLab in headless Chromium)"
+	@echo "make hub     a class on JupyterHub: accounts, exchange, hub (as root; README)"
 	@echo "make train   retrain the shipped models (target and draft)"
 
 # The stamp depends on pyproject.toml, so a changed dependency list reinstalls.
@@ -43,6 +45,10 @@ $(VENV)/.stamp-base: pyproject.toml
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-base
 	$(PIP) install -q -e ".[test]"
+	@touch $@
+
+$(VENV)/.stamp-hub: $(VENV)/.stamp-base
+	$(PIP) install -q -e ".[hub]"
 	@touch $@
 
 venv: $(VENV)/.stamp-base
@@ -66,19 +72,90 @@ system-deps:
 # Opens on the course's landing page. No news pop-up and no update checks: the server never
 # fetches them, and .jupyter/lab/settings/overrides.json sets the defaults to "never ask".
 # Runs from LAB_ROOT so nbgrader's Validate button and formgrader read its nbgrader_config.py.
-lab: $(VENV)/.stamp-base
-	cd "$(LAB_ROOT)" && "$(abspath $(VENV))/bin/jupyter" lab --no-browser --ip=$(LAB_IP) \
-	  --port=$(LAB_PORT) $(ROOT_FLAG) --ServerApp.root_dir="$(LAB_ROOT)" \
-	  --IdentityProvider.token='' --LabApp.default_url="/lab/tree/$(LAB_START)" \
-	  --LabApp.app_settings_dir="$(CURDIR)/.jupyter/lab/settings" \
-	  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
+# ROLE picks what the Lab shows, by Jupyter's own config (.jupyter/roles/ROLE: the server
+# extensions enabled and the page_config's disabled Lab plugins):
+#   learner     (make lab) no Nbgrader menu, formgrader or Create Assignment; Validate only on
+#               assignment notebooks (.jupyter/labextensions: a 40-line plugin)
+#   instructor  (make lab-instructor) everything nbgrader has
+#   student     what the hub gives a student: learner plus the Assignments tab (exchange)
+# The server's log goes to LAB_LOG; the last line printed is the address to open.
+ROLE         ?= learner
+LAB_LOG      ?= $(CURDIR)/artifacts/lab-$(ROLE).log
+LAB_FLAGS     = --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
+  $(ROOT_FLAG) --ServerApp.root_dir="$(LAB_ROOT)" --IdentityProvider.token='' \
+  --LabApp.default_url="/lab/tree/$(LAB_START)" \
+  --LabApp.app_settings_dir="$(CURDIR)/.jupyter/lab/settings" \
+  --LabApp.extra_labextensions_path="$(CURDIR)/.jupyter/labextensions" \
+  --LabApp.news_url=None --LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate
 
-test: $(VENV)/.stamp-test system-deps
+lab: $(VENV)/.stamp-base
+	@test -d ".jupyter/roles/$(ROLE)" || { echo "ROLE=$(ROLE): no such role; use learner, instructor or student"; exit 2; }
+	@mkdir -p "$(dir $(LAB_LOG))"
+	@echo "Starting JupyterLab ($(ROLE)) on $(LAB_IP):$(LAB_PORT); server log: $(LAB_LOG)"
+	@(cd "$(LAB_ROOT)" && exec env JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter/roles/$(ROLE)" \
+	  "$(abspath $(VENV))/bin/jupyter" lab $(LAB_FLAGS)) > "$(LAB_LOG)" 2>&1 & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	until (exec 3<>/dev/tcp/$(LAB_IP)/$(LAB_PORT)) 2>/dev/null; do \
+	  kill -0 $$pid 2>/dev/null || { tail -n 20 "$(LAB_LOG)"; echo "JupyterLab did not start (log above: $(LAB_LOG))"; exit 1; }; \
+	  sleep 0.3; \
+	done; \
+	echo "Stop it with Ctrl-C. Open the course at:"; \
+	echo "http://$(LAB_IP):$(LAB_PORT)/lab/tree/$(LAB_START)"; \
+	wait $$pid
+
+lab-instructor:
+	@$(MAKE) --no-print-directory lab ROLE=instructor
+
+# Rebuild the course's Lab plugin (.jupyter/labextensions, committed) after editing its source
+# in .jupyter/labextension-src; needs npm (JupyterLab's own builder, pinned there).
+lab-plugin: $(VENV)/.stamp-base
+	cd .jupyter/labextension-src && npm ci --no-audit --no-fund --loglevel=error && \
+	  node node_modules/@jupyterlab/builder/lib/build-labextension.js --core-path \
+	  "$$("$(abspath $(PY))" -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" .
+
+test: $(VENV)/.stamp-test system-deps hub-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The browser tests alone: a learner and an instructor in JupyterLab (screenshots: artifacts/e2e/).
-e2e: $(VENV)/.stamp-test system-deps
+e2e: $(VENV)/.stamp-test system-deps hub-deps
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+# ---- A class on JupyterHub (README: "A class on JupyterHub") ------------------------------
+# make hub   as root: Unix accounts for HUB_INSTRUCTOR and HUB_STUDENTS (new ones get random
+#            passwords, printed once), nbgrader's exchange in HUB_DIR/exchange, then the hub on
+#            http://HUB_IP:HUB_PORT (loopback by default). Its log: HUB_DIR/state/hub.log.
+HUB_DIR        ?= /srv/tinyserve-hub
+HUB_IP         ?= 127.0.0.1
+HUB_PORT       ?= 8000
+HUB_INSTRUCTOR ?= instructor
+HUB_STUDENTS   ?= student1,student2,student3
+CHP            := hub/node_modules/.bin/configurable-http-proxy
+
+# JupyterHub's proxy, from npm, pinned by hub/package-lock.json, into hub/node_modules/.
+$(CHP): hub/package.json hub/package-lock.json
+	@command -v npm >/dev/null || { echo "the hub's proxy needs npm: apt-get install npm"; exit 2; }
+	cd hub && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+# For `make test`: without npm the hub's tests say so and skip (in CI they fail).
+hub-deps:
+	@if command -v npm >/dev/null; then $(MAKE) --no-print-directory $(CHP); \
+	else echo "note: no npm, so no JupyterHub proxy: the class hub's tests will skip"; fi
+
+hub: $(VENV)/.stamp-hub $(CHP)
+	@test "$$(id -u)" = 0 || { echo "make hub creates Unix accounts and runs each user's Lab as that user: run it as root (sudo make hub)"; exit 2; }
+	$(PY) hub/setup_class.py --hub-dir "$(HUB_DIR)" --instructor "$(HUB_INSTRUCTOR)" --students "$(HUB_STUDENTS)"
+	@(cd "$(HUB_DIR)/state" && exec env TINYSERVE_HUB_DIR="$(HUB_DIR)" TINYSERVE_INSTRUCTOR="$(HUB_INSTRUCTOR)" \
+	  TINYSERVE_STUDENTS="$(HUB_STUDENTS)" TINYSERVE_HUB_IP="$(HUB_IP)" TINYSERVE_HUB_PORT="$(HUB_PORT)" \
+	  "$(abspath $(VENV))/bin/jupyterhub" -f "$(CURDIR)/hub/jupyterhub_config.py") > "$(HUB_DIR)/state/hub.log" 2>&1 & pid=$$!; \
+	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	until (exec 3<>/dev/tcp/$(HUB_IP)/$(HUB_PORT)) 2>/dev/null; do \
+	  kill -0 $$pid 2>/dev/null || { tail -n 20 "$(HUB_DIR)/state/hub.log"; echo "the hub did not start (log above)"; exit 1; }; \
+	  sleep 0.5; \
+	done; \
+	echo "Stop it with Ctrl-C. The class logs in at:"; \
+	echo "http://$(HUB_IP):$(HUB_PORT)/hub/login"; \
+	wait $$pid
 
 train: $(VENV)/.stamp-base
 	$(PY) -m tinyserve train --preset target

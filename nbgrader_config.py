@@ -36,5 +36,12 @@ c.Validator.validate_all = True
 c.GenerateFeedback.preprocessors = [
     "nbgrader.preprocessors.GetGrades",
     "autograder.nbfeedback.SanitizeFeedback",
+    "autograder.nbfeedback.SanitizeStudentHTML",
     "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
 ]
+
+# Everything the instructor's views render from a submission is the student's text: strip
+# active content (a <script> in a written answer or an output would run in the instructor's
+# session). The formgrader's submission view and nbgrader's feedback both use HTMLExporter.
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.preprocessors = ["autograder.nbfeedback.SanitizeStudentHTML"]

@@ -1,9 +1,12 @@
 """``python -m autograder``: the instructor's commands and the learner's self-check.
 
     release ASSIGNMENT            solutions/ -> exercises/ (and the gradebook)
+    release-exchange ASSIGNMENT   ... and put it in nbgrader's exchange (a class hub)
     collect ASSIGNMENT SOURCE     SOURCE = folder or zip laid out STUDENT/ASSIGNMENT/*.ipynb
+    collect ASSIGNMENT --from-exchange   each student's latest submission from the exchange
     autograde ASSIGNMENT          sandboxed, parallel; backs up the gradebook first
     feedback ASSIGNMENT           grading/feedback/STUDENT/ASSIGNMENT/*.html
+    feedback ASSIGNMENT --return  ... and hand it to the students through the exchange
     export [ASSIGNMENT ...]       grades CSV
     check NOTEBOOK                learner self-check against the visible tests
     bench --json PATH             parallel vs serial grading speed-up
@@ -27,9 +30,20 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("release", help="generate exercises/ from solutions/")
     r.add_argument("assignments", nargs="*", help="default: all")
 
+    x = sub.add_parser("release-exchange", help="release, then put it in nbgrader's exchange")
+    x.add_argument("assignment")
+    x.add_argument("--due", help="due date for the gradebook, e.g. '2026-12-08 17:00 UTC'")
+    x.add_argument("--exchange", help="exchange root (default: Exchange.root from nbgrader config)")
+
     c = sub.add_parser("collect", help="copy submissions into grading/submitted/")
     c.add_argument("assignment")
-    c.add_argument("source", type=Path)
+    c.add_argument("source", type=Path, nargs="?", help="folder or zip (not with --from-exchange)")
+    c.add_argument("--from-exchange", action="store_true",
+                   help="each student's latest submission from nbgrader's exchange")
+    c.add_argument("--exchange", help="exchange root (default: Exchange.root from nbgrader config)")
+    c.add_argument("--student", action="append", help="only these students (repeatable)")
+    c.add_argument("--no-check-owner", action="store_true",
+                   help="accept submissions not owned by the student's Unix account")
 
     a = sub.add_parser("autograde", help="grade collected submissions in the sandbox")
     a.add_argument("assignment")
@@ -44,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 
     f = sub.add_parser("feedback", help="write per-student feedback pages")
     f.add_argument("assignment")
+    f.add_argument("--return", dest="return_", action="store_true",
+                   help="put each page where the student's Fetch Feedback finds it")
+    f.add_argument("--exchange", help="exchange root (default: Exchange.root from nbgrader config)")
 
     e = sub.add_parser("export", help="write the grades CSV")
     e.add_argument("assignments", nargs="*", help="default: all")
@@ -81,7 +98,19 @@ def _run(args) -> int:
         for name in args.assignments or course.assignments():
             print(f"released {name} -> {release(course, name).relative_to(course.root)}")
         return 0
+    if args.cmd == "release-exchange":
+        from .exchange import release_to_exchange
+        where = release_to_exchange(course, args.assignment, root=args.exchange, due=args.due)
+        print(f"released {args.assignment} -> {where}")
+        return 0
+    if args.cmd == "collect" and args.from_exchange:
+        from .exchange import report_collected
+        return report_collected(course, args)
     if args.cmd == "collect":
+        if args.source is None:
+            raise CourseError("collect needs SOURCE (a folder or zip), or --from-exchange")
+        if args.student or args.exchange or args.no_check_owner:
+            raise CourseError("--student, --exchange and --no-check-owner go with --from-exchange")
         from .collect import collect
         students, warnings = collect(course, args.assignment, args.source)
         for w in warnings:
@@ -109,6 +138,9 @@ def _run(args) -> int:
         from .report import feedback
         paths = feedback(course, args.assignment)
         print(f"wrote {len(paths)} feedback page(s) under {course.feedback.relative_to(course.root)}")
+        if args.return_:
+            from .exchange import report_returned
+            return report_returned(course, args)
         return 0
     if args.cmd == "export":
         from .report import export

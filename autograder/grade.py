@@ -25,6 +25,9 @@ from .sandbox import sandbox_available
 from .worker import Job
 
 KEEP_BACKUPS = 30
+# The worker runs the tests (trusted side) as the kernel runs the answers: on the CPU, one
+# thread each, so references and answers are computed alike and workers do not oversubscribe.
+WORKER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TINYSERVE_DEVICE": "cpu"}
 
 
 def backup_gradebook(course: Course) -> Path | None:
@@ -124,7 +127,7 @@ def run_jobs(jobs: list[Job], workers: int, *, progress: bool = True,
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "autograder.worker", str(job_path), str(out_path)],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True)
+                    start_new_session=True, env=WORKER_ENV)
                 # The worker enforces the notebook limit itself; this is the backstop.
                 deadline = time.monotonic() + job.total_timeout + 120
                 running[i] = (proc, job, out_path, deadline, job.slot)

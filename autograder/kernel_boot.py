@@ -130,6 +130,9 @@ def main() -> None:
     # Still root here (inside the sandbox, with no capability but setuid/setgid): copy the
     # released data files into the tmpfs home, then drop.
     shutil.copytree(os.path.join(run_dir, "support"), home, dirs_exist_ok=True)
+    # copytree copied support/'s mode (root's 0755) onto home: give the tmpfs back its
+    # sticky, world-writable mode, or the submission could not write a file in its folder.
+    os.chmod(home, 0o1777)
     _set_limits(spec["limits"])
     if spec.get("isolate", True):
         _drop_privileges(spec["uid"])

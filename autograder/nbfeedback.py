@@ -7,6 +7,7 @@ too: hidden-test regions are cut and every error keeps only its ``ename: evalue`
 """
 from __future__ import annotations
 
+from nbconvert.preprocessors import Preprocessor
 from nbgrader.preprocessors import ClearHiddenTests
 
 
@@ -16,4 +17,30 @@ class SanitizeFeedback(ClearHiddenTests):
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error":
                 out["traceback"] = [f"{out.get('ename', 'Error')}: {out.get('evalue', '')}"]
+        return cell, resources
+
+
+class SanitizeStudentHTML(Preprocessor):
+    """Strip active content from what the instructor's views render (formgrader, feedback).
+
+    A student's written answer (markdown) and a code cell's HTML, SVG, markdown or
+    JavaScript output are the student's text; rendered raw in the instructor's Jupyter
+    session, a ``<script>`` in them would run with the instructor's rights. nbconvert's
+    ``sanitize_html`` (set in nbgrader_config.py) cleans outputs, but nbgrader's formgrade
+    template renders markdown cells itself, unsanitized; so this preprocessor cleans the
+    notebook first, with nbconvert's own ``clean_html``, before any template sees it.
+    """
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        from nbconvert.filters.strings import clean_html
+        if cell.cell_type in ("markdown", "raw"):
+            cell.source = clean_html(cell.source)
+        for out in cell.get("outputs", []):
+            data = out.get("data") or {}
+            for mime in list(data):
+                if mime in ("application/javascript", "text/javascript") \
+                        or "widget-view" in mime:
+                    del data[mime]
+                elif mime in ("text/html", "image/svg+xml", "text/markdown"):
+                    data[mime] = clean_html(data[mime])
         return cell, resources

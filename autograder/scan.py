@@ -99,93 +99,121 @@ def scan_cell(source: str, cell: str, protected: dict[str, str]) -> list[Finding
         tree = ast.parse(code)
     except SyntaxError:
         return []  # it will fail when run; nothing it contains can execute
-    findings: list[Finding] = []
-    module_aliases: set[str] = set()
-    allowed_shell: set[int] = set()   # get_ipython names that only run a safe magic
+    scanner = _Scanner(cell, protected)
     for node in ast.walk(tree):
         magic = _safe_magic(node)
         if magic is not None:
-            allowed_shell.add(id(magic[0]))
+            scanner.allowed_shell.add(id(magic[0]))
             for code_arg in magic[1]:
                 for f in scan_cell(code_arg, cell, protected):
-                    findings.append(Finding(cell, getattr(node, "lineno", 0), f.what))
-
-    def add(node: ast.AST, what: str) -> None:
-        findings.append(Finding(cell, getattr(node, "lineno", 0), what))
-
-    for node in ast.walk(tree):
+                    scanner.findings.append(Finding(cell, getattr(node, "lineno", 0), f.what))
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names]
-            mod = node.module if isinstance(node, ast.ImportFrom) else None
-            for alias in node.names:
-                bound, origin = _import_binding(node, alias)
-                module_aliases.add(bound)
-                if bound in protected and protected[bound] != origin:
-                    add(node, f"import rebinds `{bound}`, which the test code relies on")
-            for full in ([mod] if mod else names):
-                top = (full or "").split(".")[0]
-                if top in SUSPICIOUS_MODULES:
-                    add(node, f"imports {top}: {SUSPICIOUS_MODULES[top]}")
-            if mod:
-                for name in names:
-                    if name in SUSPICIOUS_NAMES:
-                        add(node, f"imports {name}: {SUSPICIOUS_NAMES[name]}")
-        elif isinstance(node, ast.Name) and node.id in SUSPICIOUS_NAMES:
-            if id(node) not in allowed_shell:
-                add(node, f"`{node.id}`: {SUSPICIOUS_NAMES[node.id]}")
-        elif isinstance(node, ast.Name) and node.id in SUSPICIOUS_BUILTINS:
-            add(node, f"`{node.id}`: {SUSPICIOUS_BUILTINS[node.id]}")
-        elif isinstance(node, ast.Attribute):
-            if isinstance(node.value, ast.Name) and node.value.id == "os" \
-                    and node.attr in SUSPICIOUS_OS:
-                add(node, f"`os.{node.attr}`: {SUSPICIOUS_OS[node.attr]}")
-            elif node.attr in SUSPICIOUS_NAMES:
-                add(node, f"`.{node.attr}`: {SUSPICIOUS_NAMES[node.attr]}")
-            elif node.attr == "modules" and isinstance(node.value, ast.Name) \
-                    and node.value.id == "sys":
-                add(node, "`sys.modules`: swaps modules the tests import")
-            elif node.attr == "register" and isinstance(node.value, ast.Attribute) \
-                    and node.value.attr == "events":
-                add(node, "registers an IPython event hook (runs code around tests)")
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if node.name in SUSPICIOUS_DUNDERS:
-                add(node, f"defines {node.name}: {SUSPICIOUS_DUNDERS[node.name]}")
-            if node.name in protected:
-                add(node, f"redefines `{node.name}`, which the test code relies on")
-        elif isinstance(node, ast.ClassDef) and node.name in protected:
-            add(node, f"redefines `{node.name}`, which the test code relies on")
-        elif isinstance(node, ast.ExceptHandler):
-            caught = node.type
-            names = []
-            if caught is None:
-                continue
-            for n in (caught.elts if isinstance(caught, ast.Tuple) else [caught]):
-                if isinstance(n, ast.Name):
-                    names.append(n.id)
-            for n in names:
-                if n in SWALLOWED:
-                    add(node, f"catches {n} (swallows interrupts and timeouts)")
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            for n in node.names:
-                if n in protected:
-                    add(node, f"rebinds `{n}`, which the test code relies on")
-        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
-            targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete))
-                       else [node.target])
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name) and sub.id in protected:
-                        add(node, f"rebinds `{sub.id}`, which the test code relies on")
-                    elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
-                            and (sub.value.id in module_aliases or sub.value.id in protected):
-                        add(node, f"assigns `{sub.value.id}.{sub.attr}` "
-                                  "(patches a module or a test object)")
-                    elif isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) \
-                            and sub.value.id in protected:
-                        add(node, f"edits `{sub.value.id}[...]`, which the test code relies on")
+            scanner.module_aliases.update(_import_binding(node, a)[0] for a in node.names)
+    scanner.visit(tree)
     # One line per construct is enough for a reviewer.
-    unique = {(f.line, f.what): f for f in findings}
+    unique = {(f.line, f.what): f for f in scanner.findings}
     return sorted(unique.values(), key=lambda f: f.line)
+
+
+class _Scanner(ast.NodeVisitor):
+    """One method per kind of construct; each adds its findings and keeps walking."""
+
+    def __init__(self, cell: str, protected: dict[str, str]):
+        self.cell, self.protected = cell, protected
+        self.findings: list[Finding] = []
+        self.module_aliases: set[str] = set()
+        self.allowed_shell: set[int] = set()   # get_ipython names that only run a safe magic
+
+    def add(self, node: ast.AST, what: str) -> None:
+        self.findings.append(Finding(self.cell, getattr(node, "lineno", 0), what))
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        names = [a.name for a in node.names]
+        mod = node.module if isinstance(node, ast.ImportFrom) else None
+        for alias in node.names:
+            bound, origin = _import_binding(node, alias)
+            if bound in self.protected and self.protected[bound] != origin:
+                self.add(node, f"import rebinds `{bound}`, which the test code relies on")
+        for full in ([mod] if mod else names):
+            top = (full or "").split(".")[0]
+            if top in SUSPICIOUS_MODULES:
+                self.add(node, f"imports {top}: {SUSPICIOUS_MODULES[top]}")
+        for name in (names if mod else []):
+            if name in SUSPICIOUS_NAMES:
+                self.add(node, f"imports {name}: {SUSPICIOUS_NAMES[name]}")
+        self.generic_visit(node)
+
+    visit_ImportFrom = visit_Import
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in SUSPICIOUS_NAMES and id(node) not in self.allowed_shell:
+            self.add(node, f"`{node.id}`: {SUSPICIOUS_NAMES[node.id]}")
+        elif node.id in SUSPICIOUS_BUILTINS and node.id not in SUSPICIOUS_NAMES:
+            self.add(node, f"`{node.id}`: {SUSPICIOUS_BUILTINS[node.id]}")
+        self.generic_visit(node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        base = node.value.id if isinstance(node.value, ast.Name) else None
+        if base == "os" and node.attr in SUSPICIOUS_OS:
+            self.add(node, f"`os.{node.attr}`: {SUSPICIOUS_OS[node.attr]}")
+        elif node.attr in SUSPICIOUS_NAMES:
+            self.add(node, f"`.{node.attr}`: {SUSPICIOUS_NAMES[node.attr]}")
+        elif node.attr == "modules" and base == "sys":
+            self.add(node, "`sys.modules`: swaps modules the tests import")
+        elif node.attr == "register" and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "events":
+            self.add(node, "registers an IPython event hook (runs code around tests)")
+        self.generic_visit(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if node.name in SUSPICIOUS_DUNDERS:
+            self.add(node, f"defines {node.name}: {SUSPICIOUS_DUNDERS[node.name]}")
+        if node.name in self.protected:
+            self.add(node, f"redefines `{node.name}`, which the test code relies on")
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if node.name in self.protected:
+            self.add(node, f"redefines `{node.name}`, which the test code relies on")
+        self.generic_visit(node)
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        caught = node.type
+        for n in (caught.elts if isinstance(caught, ast.Tuple) else [caught]) if caught else []:
+            if isinstance(n, ast.Name) and n.id in SWALLOWED:
+                self.add(node, f"catches {n.id} (swallows interrupts and timeouts)")
+        self.generic_visit(node)
+
+    def visit_Global(self, node: ast.Global | ast.Nonlocal) -> None:
+        for n in node.names:
+            if n in self.protected:
+                self.add(node, f"rebinds `{n}`, which the test code relies on")
+        self.generic_visit(node)
+
+    visit_Nonlocal = visit_Global
+
+    def visit_Assign(self, node: ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete) -> None:
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        for target in targets:
+            for sub in ast.walk(target):
+                self._target(node, sub)
+        self.generic_visit(node)
+
+    visit_AugAssign = visit_AnnAssign = visit_Delete = visit_Assign
+
+    def _target(self, node: ast.AST, sub: ast.AST) -> None:
+        protected = self.protected
+        if isinstance(sub, ast.Name) and sub.id in protected:
+            self.add(node, f"rebinds `{sub.id}`, which the test code relies on")
+        elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) \
+                and (sub.value.id in self.module_aliases or sub.value.id in protected):
+            self.add(node, f"assigns `{sub.value.id}.{sub.attr}` "
+                           "(patches a module or a test object)")
+        elif isinstance(sub, ast.Subscript) and isinstance(sub.value, ast.Name) \
+                and sub.value.id in protected:
+            self.add(node, f"edits `{sub.value.id}[...]`, which the test code relies on")
 
 
 def _safe_magic(node: ast.AST) -> tuple[ast.Name, list[str]] | None:

@@ -131,36 +131,54 @@ def _plain(value: object, depth: int = 0) -> object:
 def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) -> Merged:
     """The notebook to grade: template's tests and locked cells, the student's answers."""
     out = Merged(nb=copy.deepcopy(template))
+    found = _match(template, student)
+    cells, placed, edited = _substitute(template, release, student, found.matched, out)
+    restored = _restore(template, cells, placed)
+    out.nb.cells = cells
+    out.notes.extend(_notes(restored, edited, found))
+    return out
+
+
+@dataclass
+class _Matches:
+    matched: dict[int, int] = field(default_factory=dict)   # student index -> template index
+    duplicates: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+    rewired: list[str] = field(default_factory=list)
+
+
+def _match(template: NotebookNode, student: NotebookNode) -> _Matches:
+    """Student cells to template cells: by grade_id, else by the nbformat cell id (survives
+    wiped metadata). Later duplicates of a grade_id become plain cells."""
     tmpl_cells = template.cells
     tmpl_ids = {grade_id(c): i for i, c in enumerate(tmpl_cells) if grade_id(c)}
-    release_src = {grade_id(c): c.source for c in release.cells if grade_id(c)}
     by_cell_id = {c.get("id"): i for i, c in enumerate(tmpl_cells) if c.get("id")}
-
-    # 1. Match student cells to template cells: by grade_id, else by the nbformat cell id
-    #    (survives wiped metadata). Later duplicates of a grade_id become plain cells.
-    matched: dict[int, int] = {}        # student index -> template index
-    taken: set[int] = set()
-    duplicates, unknown, rewired = [], [], []
+    found, taken = _Matches(), set()
     for si, cell in enumerate(student.cells):
         gid = grade_id(cell)
         ti = None
         if gid is not None:
             if gid not in tmpl_ids:
-                unknown.append(gid)
+                found.unknown.append(gid)
             elif tmpl_ids[gid] in taken:
-                duplicates.append(gid)
+                found.duplicates.append(gid)
             else:
                 ti = tmpl_ids[gid]
         elif cell.get("id") in by_cell_id and grade_id(tmpl_cells[by_cell_id[cell.get("id")]]):
             cand = by_cell_id[cell.get("id")]
             if cand not in taken and tmpl_cells[cand].cell_type == cell.cell_type:
                 ti = cand
-                rewired.append(grade_id(tmpl_cells[cand]))
+                found.rewired.append(grade_id(tmpl_cells[cand]))
         if ti is not None:
-            matched[si] = ti
+            found.matched[si] = ti
             taken.add(ti)
+    return found
 
-    # 2. Walk the student's order, substituting trusted cells.
+
+def _substitute(template, release, student, matched: dict[int, int], out: Merged):
+    """Walk the student's order, putting the template's (trusted) cell where one matched and
+    the student's source only into answer cells; returns (cells, placed, edited ids)."""
+    release_src = {grade_id(c): c.source for c in release.cells if grade_id(c)}
     cells: list[NotebookNode] = []
     placed: dict[int, int] = {}         # template index -> position in cells
     edited: list[str] = []
@@ -173,7 +191,7 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
             if plain.cell_type == "code" and plain.source.strip():
                 out.student_cells.append((f"cell {si}", plain.source))
             continue
-        tcell = copy.deepcopy(tmpl_cells[ti])
+        tcell = copy.deepcopy(template.cells[ti])
         gid = grade_id(tcell)
         if is_answer(tcell):
             tcell.source = cell.source
@@ -184,10 +202,13 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
             edited.append(gid)
         placed[ti] = len(cells)
         cells.append(tcell)
+    return cells, placed, edited
 
-    # 3. Restore graded cells the student deleted, right after their template predecessor.
+
+def _restore(template: NotebookNode, cells: list, placed: dict[int, int]) -> list[str]:
+    """Put back graded cells the student deleted, right after their template predecessor."""
     restored = []
-    for ti, tcell in enumerate(tmpl_cells):
+    for ti, tcell in enumerate(template.cells):
         gid = grade_id(tcell)
         if not gid or ti in placed:
             continue
@@ -199,20 +220,23 @@ def merge(template: NotebookNode, release: NotebookNode, student: NotebookNode) 
         cells.insert(pos, copy.deepcopy(tcell))
         placed[ti] = pos
         restored.append(gid)
+    return restored
 
-    out.nb.cells = cells
+
+def _notes(restored: list[str], edited: list[str], found: _Matches) -> list[str]:
+    notes = []
     if restored:
-        out.notes.append("restored deleted cells: " + ", ".join(restored))
+        notes.append("restored deleted cells: " + ", ".join(restored))
     if edited:
-        out.notes.append("edited read-only cells replaced by the originals: " + ", ".join(edited))
-    if duplicates:
-        out.notes.append("duplicate cell ids (later copies graded as plain code): "
-                         + ", ".join(sorted(set(duplicates))))
-    if unknown:
-        out.notes.append("unknown nbgrader cell ids ignored: " + ", ".join(sorted(set(unknown))))
-    if rewired:
-        out.notes.append("restored wiped grading metadata of: " + ", ".join(rewired))
-    return out
+        notes.append("edited read-only cells replaced by the originals: " + ", ".join(edited))
+    if found.duplicates:
+        notes.append("duplicate cell ids (later copies graded as plain code): "
+                     + ", ".join(sorted(set(found.duplicates))))
+    if found.unknown:
+        notes.append("unknown nbgrader cell ids ignored: " + ", ".join(sorted(set(found.unknown))))
+    if found.rewired:
+        notes.append("restored wiped grading metadata of: " + ", ".join(found.rewired))
+    return notes
 
 
 def _first_graded_position(placed: dict[int, int]) -> int:

@@ -347,6 +347,8 @@ def read_audit(path: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from .sandbox import _die_with_parent
+    _die_with_parent()  # a coordinator that dies takes its workers, and so their kernels, along
     job = Job(**json.loads(Path(argv[0]).read_text()))
     try:
         result = grade(job)

@@ -21,84 +21,30 @@ leaves the flat memory bound is where the step stops being overhead- or memory-b
 """
 from __future__ import annotations
 
-import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from tinyserve.compiled import compiled_decoder, generate_compiled
 from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device, default_dtype
-from tinyserve.generate import decode_step, generate_batch, prefill
-from tinyserve.kv_cache import KVCache
+from tinyserve.generate import generate_batch
 from tinyserve.model import TinyLlama
-from tinyserve.roofline import bounds_seconds, decode_cost, matmul_flops, mbu, memory_bandwidth
+from tinyserve.roofline import (bounds_seconds, compiled_step_seconds, decode_cost,
+                                eager_step_seconds, matmul_flops, mbu, memory_bandwidth)
 from tinyserve.tokenizer import load_tokenizer
 
 from .common import load_bench_model, report, table, write_json
 
-Step = Callable[[Tensor, Tensor], Tensor]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def per_token_seconds(step: Step, first: Tensor, position: int, n: int, repeats: int,
-                      reset: Callable[[], None]) -> float:
-    """Median over ``repeats`` of the time per step of ``n`` decode steps from ``position``,
-    each step's greedy token fed to the next (a step cannot start before its input exists)."""
-    device = first.device
-    times = []
-    for r in range(repeats + 1):              # the first run warms up, untimed
-        reset()
-        tokens = first
-        pos = torch.full_like(first, position)
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(n):
-            tokens = step(tokens, pos).argmax(-1)
-            pos = pos + 1
-        _sync(device)
-        if r:
-            times.append((time.perf_counter() - start) / n)
-    return statistics.median(times)
-
-
 def _prompts(model: TinyLlama, batch: int, length: int) -> list[list[int]]:
+    """``batch`` sample tickets of exactly ``length`` tokens (a short one is repeated)."""
     tok = load_tokenizer()
     vocab = model.config.vocab_size
-    texts = example_prompts(batch)
-    return [[t % vocab for t in tok.encode(text)[:length]] for text in texts]
-
-
-def eager_step_time(model: TinyLlama, prompts: list[list[int]], n: int, repeats: int) -> float:
-    ids = torch.tensor(prompts, device=model.device)
-    B, T = ids.shape
-    cache = KVCache.for_model(model, B, T + n)
-    first = prefill(model, ids, cache)[:, -1].argmax(-1)
-    step: Step = lambda tokens, pos: decode_step(model, tokens, pos, cache)  # noqa: E731
-    return per_token_seconds(step, first, T, n, repeats, lambda: cache.rewind([T] * B))
-
-
-def compiled_step_time(model: TinyLlama, prompts: list[list[int]], n: int, repeats: int,
-                       backend: str = "inductor") -> tuple[float, float]:
-    """Per-token seconds of the compiled step, and the seconds its first call took."""
-    decoder = compiled_decoder(model, len(prompts), backend=backend)
-    ids = torch.tensor(prompts, device=model.device)
-    if decoder.cache.batch_size != ids.shape[0]:
-        raise ValueError("time the compiled step at a bucket size (1, 2, 4, ... 64)")
-    first = decoder.prefill(ids)[:, -1].argmax(-1)
-    start = time.perf_counter()
-    decoder.step(first, torch.full_like(first, ids.shape[1]))   # compiles, if not yet
-    compile_s = decoder.compile_seconds if decoder.compile_seconds is not None else \
-        time.perf_counter() - start
-    seconds = per_token_seconds(decoder.step, first, ids.shape[1], n, repeats, lambda: None)
-    return seconds, compile_s
+    rows = []
+    for text in example_prompts(batch):
+        ids = tok.encode(text)
+        rows.append([t % vocab for t in (ids * (length // len(ids) + 1))[:length]])
+    return rows
 
 
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
@@ -126,10 +72,10 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     rows, sweep = [], []
     compile_s: dict[str, float] = {}
     for batch in batches:
-        prompts = _prompts(model, batch, prompt_len)
-        eager = eager_step_time(model, prompts, n_new, repeats)
-        compiled, compile_s[str(batch)] = compiled_step_time(model, prompts, n_new, repeats,
-                                                             backend)
+        prompts = torch.tensor(_prompts(model, batch, prompt_len), device=device)
+        eager = eager_step_seconds(model, prompts, n_new, repeats)
+        compiled, compile_s[str(batch)] = compiled_step_seconds(model, prompts, n_new, repeats,
+                                                                backend)
         cost = decode_cost(model, batch, context)
         bound = bounds_seconds(cost, bandwidth, flop_rate)
         sweep.append({"batch": batch, "eager_ms": eager * 1e3, "compiled_ms": compiled * 1e3,

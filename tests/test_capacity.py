@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinyserve.workbook.capacity import (GB, GiB, bytes_per_element, kv_bytes_for_config,
+from tinyserve.workbook.capacity import (GB, GiB, bytes_per_element, kv_bytes_for_config, kv_bytes_mla,
+                                kv_bytes_sliding_window,
                                 kv_bytes_per_sequence, kv_bytes_per_token, max_sequences, to_gb,
                                 to_gib)
 from tinyserve.config import PRESETS, ModelConfig
@@ -48,3 +49,37 @@ def test_how_many_sequences_fit() -> None:
     assert max_sequences(10 * GB, per_seq) == 7  # the 7% between the units costs a sequence
     with pytest.raises(ValueError, match="unknown dtype 'fp5'"):
         bytes_per_element("fp5")
+
+
+# --- sliding-window attention and latent-compressed caches -----------------------------------
+
+def test_sliding_window_caps_the_windowed_layers() -> None:
+    # Mistral-7B-like: 32 layers, 8 KV heads of 128, fp16, a 4,096-token window everywhere.
+    gqa = kv_bytes_per_sequence(32, 4096, 8, 128, "fp16")
+    assert kv_bytes_sliding_window(32, 2048, 8, 128, "fp16", window=4096) == gqa // 2
+    assert kv_bytes_sliding_window(32, 32_768, 8, 128, "fp16", window=4096) == gqa  # stops growing
+    # The plain reference: sum each layer's kept tokens one by one.
+    tokens, window, full = 10_000, 1024, 6
+    per_token_layer = 2 * 8 * 128 * 2
+    reference = sum(per_token_layer * (tokens if layer < full else min(tokens, window))
+                    for layer in range(32))
+    assert kv_bytes_sliding_window(32, tokens, 8, 128, "fp16", window, full_layers=full) == reference
+    # Every layer full: the GQA formula again.
+    assert kv_bytes_sliding_window(32, tokens, 8, 128, "fp16", window, full_layers=32) == \
+        kv_bytes_per_sequence(32, tokens, 8, 128, "fp16")
+    with pytest.raises(ValueError, match="window"):
+        kv_bytes_sliding_window(32, tokens, 8, 128, "fp16", window=0)
+    with pytest.raises(ValueError, match="full_layers"):
+        kv_bytes_sliding_window(32, tokens, 8, 128, "fp16", window, full_layers=33)
+
+
+def test_mla_caches_one_latent_per_token_and_layer() -> None:
+    # DeepSeek-V2's shapes: a 512-number latent plus a 64-number rotary key, 576 per token and
+    # layer, the same as a GQA cache with 2 x 9 heads x 32 numbers (2.25 heads of 128).
+    assert kv_bytes_mla(60, 8192, 512, 64, "bf16") == 60 * 8192 * 576 * 2
+    assert kv_bytes_mla(60, 8192, 512, 64, "bf16") == kv_bytes_per_sequence(60, 8192, 9, 32, "bf16")
+    # Against 8 KV heads of 128 in the same 60 layers: 2 x 8 x 128 = 2,048 numbers, 3.6x more.
+    ratio = kv_bytes_per_sequence(60, 8192, 8, 128, "bf16") / kv_bytes_mla(60, 8192, 512, 64, "bf16")
+    assert ratio == pytest.approx(2048 / 576)
+    with pytest.raises(ValueError, match="latent_dim"):
+        kv_bytes_mla(60, 8192, 0, 64, "bf16")

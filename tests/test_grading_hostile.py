@@ -53,7 +53,9 @@ def graded(tmp_path_factory):
     for name in CASES:
         shutil.copytree(FIXTURES / "hostile" / name / "submission",
                         course.submitted / name / "mini")
-    results = autograde(course, "mini", workers=2, cell_timeout=4, total_timeout=60,
+    # 10 s per cell: long enough for `import torch` on a loaded machine, short enough for
+    # the loops that must be interrupted.
+    results = autograde(course, "mini", workers=2, cell_timeout=10, total_timeout=90,
                         limits=LIMITS, progress=False)
     feedback(course, "mini")
     export(course, ["mini"], course.work / "grades.csv")
@@ -64,8 +66,8 @@ def graded(tmp_path_factory):
 def old_design(graded):
     """The attacks on the old design, graded through it (test cells in the kernel)."""
     course, _ = graded
-    results = autograde(course, "mini", students=OLD_DESIGN, workers=2, cell_timeout=4,
-                        total_timeout=60, limits=LIMITS, progress=False, record=False,
+    results = autograde(course, "mini", students=OLD_DESIGN, workers=2, cell_timeout=10,
+                        total_timeout=90, limits=LIMITS, progress=False, record=False,
                         tests_in="kernel")
     return {r["student"]: r for r in results}
 

@@ -245,3 +245,26 @@ def test_a_deep_course_path_still_grades(tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads((Course(root).results / "mini" / "ann.json").read_text())
     assert result["status"] == "graded" and result["score"] == 3, result
+
+
+@needs_sandbox
+def test_a_venv_reached_through_a_symlink_still_grades(tmp_path):
+    """The sandbox mounts the venv's resolved folder; started as LINK/.venv/bin/python, the
+    kernel must be named by that resolved folder (it failed with `execvp ... No such file`)."""
+    venv = Path(sys.executable).parent.parent
+    link = tmp_path / "linked-venv"
+    link.symlink_to(venv.resolve(), target_is_directory=True)
+    root = tmp_path / "course"
+    shutil.copytree(FIXTURES / "mini_assignment" / "mini", root / "solutions" / "mini")
+    assert cli("release", root=root).returncode == 0
+    rel = root / "exercises" / "mini" / "mini.ipynb"
+    sub = root / "grading" / "submitted" / "ann" / "mini"
+    sub.mkdir(parents=True)
+    (sub / "mini.ipynb").write_text(solved_mini(rel, "def double(x):\n    return 2 * x"))
+    python = link / "bin" / Path(sys.executable).name
+    run = subprocess.run([str(python), "-m", "autograder", "--root", str(root), "autograde",
+                          "mini", "--workers", "1", "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads((Course(root).results / "mini" / "ann.json").read_text())
+    assert result["status"] == "graded" and result["score"] == 3, result

@@ -257,3 +257,34 @@ def test_an_unanswered_name_reads_not_answered_yet():
     assert failure_message(_failure(student)) == "your code raised AssertionError: boom"
     assert failure_message(CellResult("error", "AssertionError", "[t] expected 4")) \
         == "[t] expected 4"
+
+
+def test_the_formgrader_view_of_a_submission_carries_no_active_content(tmp_path):
+    """The formgrader renders a submission with nbconvert's HTMLExporter, nbgrader's formgrade
+    template and this course's nbgrader_config.py; a student's planted scripts must not
+    survive it (in a markdown answer, an HTML output, a JavaScript output)."""
+    import nbformat
+    from nbconvert.exporters import HTMLExporter
+    from traitlets.config import Config
+    from nbgrader.server_extensions.formgrader import handlers
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("My answer <script>window.pwned = 1</script> **bold**"),
+        nbformat.v4.new_code_cell("x", outputs=[
+            nbformat.v4.new_output("display_data", data={
+                "text/html": "<b>hi</b><script>window.pwned = 2</script>"
+                             "<img src=x onerror='window.pwned = 3'>",
+                "application/javascript": "window.pwned = 4"})])])
+    config = Config()
+    course_config = Path(__file__).resolve().parents[1] / "nbgrader_config.py"
+    exec(course_config.read_text(), {"get_config": lambda: config, "__file__": str(course_config)})
+    config.HTMLExporter.template_name = "formgrade"
+    config.HTMLExporter.extra_template_basedirs = [handlers.template_path]
+    html, _ = HTMLExporter(config=config).from_notebook_node(nb, resources={
+        "assignment_id": "mini", "notebook_id": "mini", "submission_id": "y", "index": 0,
+        "total": 1, "base_url": "", "student": "ann", "last_name": "", "first_name": "",
+        "notebook_path": "x"})
+    import re
+    # What is left of the planted code is inert, escaped text; no tag or handler survives.
+    assert not re.search(r"<script[^>]*>[^<]*pwned", html)
+    assert not re.search(r"<img[^>]*onerror", html) and "window.pwned = 4" not in html
+    assert "<b>hi</b>" in html and "<strong>bold</strong>" in html

@@ -67,3 +67,12 @@ def test_the_four_hour_path_adds_up_to_the_outline() -> None:
     path = _text().split("## The four-hour path", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^\| \d\. [^|]+\| (\d+) min \|", path, re.M)
     assert [int(b) for b in blocks] == [30, 140, 50, 20]
+
+
+def test_quoted_totals_follow_the_tables() -> None:
+    text = _text()
+    chapters = sum(estimate(p).minutes for p in (ROOT / "course").glob("*.ipynb"))
+    exercises = sum(estimate(p).minutes for p in ROOT.glob("solutions/*/*.ipynb"))
+    assert f"The chapters take about {chapters} min together" in text
+    assert f"The exercises take about {exercises} min together" in text
+    assert f"about {round((chapters + exercises) / 60)} hours" in text

@@ -125,3 +125,23 @@ def test_model_runs_in_bf16_on_cuda() -> None:
     ref = TinyLlama(SMALL).eval()
     ref.load_state_dict({k: v.float().cpu() for k, v in m.state_dict().items()})
     torch.testing.assert_close(m(ids).cpu(), ref(ids.cpu()), rtol=0.05, atol=0.05)
+
+
+def test_fused_projections_equal_separate_ones_and_follow_weight_changes() -> None:
+    # Inference stacks q/k/v (and gate/up) into one matmul; training and the reference keep
+    # separate layers. Both must give the same logits, and an in-place weight change (an
+    # optimizer step, load_state_dict) must reach the stacked copy.
+    torch.manual_seed(3)
+    model = TinyLlama(SMALL).eval()
+    ids = torch.randint(0, SMALL.vocab_size, (2, 7))
+    separate = model(ids)                     # autograd on: the plain per-layer path
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), separate, rtol=1e-5, atol=1e-5)
+        attn = model.model.layers[0].self_attn
+        assert "_fused_weight" in attn.__dict__
+        attn.k_proj.weight.mul_(2)            # in place: same storage, new version
+        fused_after = model(ids)
+    changed = model(ids)                      # autograd on again: separate layers
+    torch.testing.assert_close(fused_after, changed, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(changed, separate)
+    assert all("_fused" not in k for k in model.state_dict())   # names unchanged for export

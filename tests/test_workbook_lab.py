@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tinyserve.workbook.lab import KVCacheLab, KVCase
+from tinyserve.workbook.lab import KVCacheLab, KVCase, growth_chart_png
 
 DEFAULT_BYTES = 2 * 80 * 4096 * 8 * 128 * 2  # the lab's default case: 1,342,177,280 bytes
 
@@ -151,3 +151,19 @@ def test_prediction_widgets_drive_the_same_logic() -> None:
     ui["commit"].click()
     assert p.committed and ui["guess"].disabled
     assert "measured 10 ms" in ui["answer"].value and "2.0x too low" in ui["answer"].value
+
+
+def test_a_sliding_window_caps_the_case_and_its_chart() -> None:
+    lab = KVCacheLab(window=1024)
+    assert lab.case.kept_tokens == 1024
+    assert lab.case.total_bytes == DEFAULT_BYTES // 4          # 4,096 tokens, 1,024 kept
+    lab.set_guess(0.3)
+    lab.commit()
+    text = lab.revealed_text()
+    assert "2 x 80 x 1,024 x 8 x 128 x 2" in text and "min(4,096, 1,024) = 1,024" in text
+    assert KVCase(window=8192).total_bytes == DEFAULT_BYTES       # a window longer than the context
+    with pytest.raises(ValueError, match="window"):
+        KVCase(window=-1)
+    assert growth_chart_png(lab.case, 0.3).startswith(b"\x89PNG")
+    lab.set_case(window=0)                                        # a new case: hidden again
+    assert lab.revealed_text() == KVCacheLab.HIDDEN

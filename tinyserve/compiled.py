@@ -52,32 +52,41 @@ class StaticKVCache:
     position ``s`` if the row has reached it (``s <= `` the row's current position) and
     ``-1`` otherwise. Stale slots from a longer earlier request are therefore invisible
     until overwritten, and a row's tokens must be written in order from position 0.
+
+    Layout ``(layers, batch, max_seq, n_kv_heads, head_dim)``: one layer's cache viewed as
+    ``(batch * max_seq)`` rows lets a step write every row's new token with one in-place
+    ``index_copy_`` at row ``b * max_seq + position``. (An indexed assignment into the
+    head-first layout is traced as "copy the whole cache, then write", a full cache copy
+    per step.) Attention reads it through a transposed view, no copy.
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         self.config, self.batch_size = config, batch_size
         self.max_seq = config.max_position_embeddings
-        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads,
-                 self.max_seq, config.head_dim)
+        shape = (config.num_hidden_layers, batch_size, self.max_seq,
+                 config.num_key_value_heads, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.slots = torch.arange(self.max_seq, device=device)
-        self.rows = torch.arange(batch_size, device=device)
+        self.row_starts = torch.arange(batch_size, device=device) * self.max_seq
         # Fixed addresses: a CUDA graph replays reads and writes of these very buffers.
-        for t in (self.k, self.v, self.slots, self.rows):
+        for t in (self.k, self.v, self.slots, self.row_starts):
             torch._dynamo.mark_static_address(t)
 
     def update(self, layer: int, k: Tensor, v: Tensor,
                positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write keys and values (B, n_kv, T, head_dim) at ``positions`` (B, T); return the
-        whole window and each slot's position (B, max_seq), -1 for slots not yet reached."""
-        # (B, 1) rows with (B, T) positions index (B, T) slots: values are (B, T, n_kv, hd).
-        self.k[layer][self.rows[:, None], :, positions] = k.transpose(1, 2)
-        self.v[layer][self.rows[:, None], :, positions] = v.transpose(1, 2)
+        whole window (B, n_kv, max_seq, head_dim) and each slot's position (B, max_seq),
+        -1 for slots not yet reached."""
+        B, n_kv, T, hd = k.shape
+        index = (self.row_starts[:, None] + positions).reshape(B * T)
+        for cache, new in ((self.k[layer], k), (self.v[layer], v)):
+            cache.view(B * self.max_seq, n_kv, hd).index_copy_(
+                0, index, new.transpose(1, 2).reshape(B * T, n_kv, hd))
         reached = positions.max(dim=1, keepdim=True).values             # (B, 1)
         k_positions = torch.where(self.slots[None, :] <= reached, self.slots, -1)
-        return self.k[layer], self.v[layer], k_positions
+        return self.k[layer].transpose(1, 2), self.v[layer].transpose(1, 2), k_positions
 
 
 class CompiledDecoder:

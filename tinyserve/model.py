@@ -108,6 +108,28 @@ def grouped_mask(mask: Tensor, n_rep: int) -> Tensor:
     return mask[:, :, None].expand(B, 1, n_rep, T, Tk).reshape(B, 1, n_rep * T, Tk)
 
 
+def fused_linear(x: Tensor, owner: nn.Module, linears: tuple[nn.Module, ...]) -> tuple[Tensor, ...]:
+    """``x`` through several linear layers that read the same input (q, k, v; gate, up).
+
+    At inference (no autograd, not being traced by ``torch.compile``) this is ONE matmul
+    against the layers' weights stacked once and kept on ``owner``: one kernel instead of
+    three, which matters when a decode step is a few hundred small kernels. The parameters
+    stay separate, so state dicts and the Hugging Face export keep their names. The stacked
+    copy is rebuilt when any weight is replaced or changed in place (its data pointer or
+    version counter moves); layers that are not plain ``nn.Linear`` (int8) run one by one.
+    """
+    if (torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or not all(type(lin) is nn.Linear for lin in linears)):
+        return tuple(lin(x) for lin in linears)
+    weights = [lin.weight for lin in linears]
+    key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+    cached = owner.__dict__.get("_fused_weight")
+    if cached is None or cached[0] != key:
+        cached = (key, torch.cat(weights), [w.shape[0] for w in weights])
+        owner.__dict__["_fused_weight"] = cached
+    return F.linear(x, cached[1]).split(cached[2], dim=-1)
+
+
 class Attention(nn.Module):
     """Grouped-query attention: ``num_attention_heads`` query heads share
     ``num_key_value_heads`` KV heads, so the cache stores n_rep times fewer keys/values."""
@@ -129,9 +151,10 @@ class Attention(nn.Module):
         layer stores the attention mask there and the others reuse it (every layer sees the
         same positions, so building it again would only cost time)."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k, v = fused_linear(x, self, (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (B, heads, T, head_dim)
         if hasattr(cache, "attend"):
             out = cache.attend(self.layer, q, k, v)             # type: ignore[union-attr]
@@ -174,7 +197,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = fused_linear(x, self, (self.gate_proj, self.up_proj))
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+import math
 import statistics
 import time
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from .workbook.capacity import kv_bytes_for_config
+from .config import ModelConfig
 
 
 def _median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
@@ -73,20 +75,31 @@ class DecodeCost:
         return self.weight_bytes + self.kv_bytes
 
 
+def parameter_count(cfg: ModelConfig) -> int:
+    """Weights of a Llama-shaped model from its config alone (no tensors allocated): how the
+    course sizes a model it does not have, such as an 8B one."""
+    h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size + 2 * h  # + 2 norms
+    embeddings = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    return cfg.num_hidden_layers * per_layer + embeddings + h                   # + final norm
+
+
+def decode_cost_for(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: float,
+                    batch: int, context: int) -> DecodeCost:
+    """One decode step of ``batch`` rows with ``context`` cached tokens each: the weights are
+    read once whatever the batch, each row reads its own keys and values, and each row costs
+    :meth:`ModelConfig.flops_per_token` (2 per matmul weight, plus attention)."""
+    # K and V, per layer, per cached token, per KV head: head_dim numbers each
+    kv = batch * 2 * cfg.num_hidden_layers * context * cfg.num_key_value_heads * cfg.head_dim \
+        * kv_element_bytes
+    return DecodeCost(int(weight_bytes), int(kv), float(batch * cfg.flops_per_token(context)))
+
+
 def decode_cost(model: torch.nn.Module, batch: int, context: int) -> DecodeCost:
-    """What one decode step of ``model`` reads and computes for ``batch`` rows of ``context``
-    cached tokens each. Weights count once (the tied embedding too: the step reads it once,
-    as the LM head); FLOPs are 2 per weight per row plus attention's 4 per cached key and
-    head dimension per query head."""
-    cfg = model.config
-    params = {id(p): p for p in model.parameters()}.values()
-    weight_bytes = sum(p.numel() * p.element_size() for p in params)
-    dtype = next(iter(params)).dtype
-    kv = batch * kv_bytes_for_config(cfg, context, dtype)
-    n_weights = sum(p.numel() for p in params) - cfg.vocab_size * cfg.hidden_size * (
-        0 if cfg.tie_word_embeddings else 1)  # an embedding lookup is a read, not a matmul
-    attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * context
-    return DecodeCost(weight_bytes, kv, batch * (2 * n_weights + attention))
+    """:func:`decode_cost_for` with a real model's bytes (int8 weights count as 1 byte, the
+    tied embedding once) and its dtype for the cache."""
+    from .quant import weight_bytes
+    return decode_cost_for(model.config, weight_bytes(model), model.dtype.itemsize, batch, context)
 
 
 def bounds_seconds(cost: DecodeCost, bandwidth: float, flop_rate: float) -> dict[str, float]:
@@ -95,7 +108,77 @@ def bounds_seconds(cost: DecodeCost, bandwidth: float, flop_rate: float) -> dict
     return {"memory_s": memory, "compute_s": compute, "roofline_s": max(memory, compute)}
 
 
+def crossover_batch(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: float,
+                    context: int, bandwidth: float, flop_rate: float) -> float:
+    """The batch at which the compute bound overtakes the memory bound (``inf`` if never:
+    when each row's KV reads cost more time than its FLOPs, decode stays memory-bound).
+
+    compute(B) = B F / rate and memory(B) = (W + B kv) / bandwidth meet at
+    B = (W / bandwidth) / (F / rate - kv / bandwidth)."""
+    one = decode_cost_for(cfg, weight_bytes, kv_element_bytes, 1, context)
+    per_row = one.flops / flop_rate - one.kv_bytes / bandwidth
+    return math.inf if per_row <= 0 else (weight_bytes / bandwidth) / per_row
+
+
 def mbu(cost: DecodeCost, bandwidth: float, step_seconds: float) -> float:
     """Model bandwidth utilisation: the memory bound / the measured step time (1.0 = the
     step moves bytes as fast as a plain copy does)."""
     return cost.bytes / bandwidth / step_seconds
+
+
+# --- measured decode steps ----------------------------------------------------------------
+Step = Callable[[Tensor, Tensor], Tensor]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def per_token_seconds(step: Step, first: Tensor, position: int, n: int, repeats: int,
+                      reset: Callable[[], None]) -> float:
+    """Median over ``repeats`` of the time per step of ``n`` decode steps from ``position``,
+    each step's greedy token fed to the next (a step cannot start before its input exists)."""
+    device = first.device
+    times = []
+    for r in range(repeats + 1):              # the first run warms up, untimed
+        reset()
+        tokens, pos = first, torch.full_like(first, position)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(n):
+            tokens = step(tokens, pos).argmax(-1)
+            pos = pos + 1
+        _sync(device)
+        if r:
+            times.append((time.perf_counter() - start) / n)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def eager_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
+                       repeats: int = 3) -> float:
+    """Seconds per eager decode step (the contiguous KV cache) after prompts (B, T)."""
+    from .generate import decode_step, prefill
+    from .kv_cache import KVCache
+    B, T = prompts.shape
+    cache = KVCache.for_model(model, B, T + n)
+    first = prefill(model, prompts, cache)[:, -1].argmax(-1)
+    step: Step = lambda tokens, pos: decode_step(model, tokens, pos, cache)  # noqa: E731
+    return per_token_seconds(step, first, T, n, repeats, lambda: cache.rewind([T] * B))
+
+
+@torch.no_grad()
+def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
+                          repeats: int = 3, backend: str = "inductor") -> tuple[float, float]:
+    """Seconds per compiled decode step after prompts (B, T), B a bucket size, and the
+    seconds its first call took (compiling, unless this bucket was compiled before)."""
+    from .compiled import compiled_decoder
+    decoder = compiled_decoder(model, prompts.shape[0], backend=backend)
+    if decoder.cache.batch_size != prompts.shape[0]:
+        raise ValueError(f"time the compiled step at a bucket size, not {prompts.shape[0]}")
+    T = prompts.shape[1]
+    first = decoder.prefill(prompts)[:, -1].argmax(-1)
+    decoder.step(first, torch.full_like(first, T))   # compiles, if not yet
+    seconds = per_token_seconds(decoder.step, first, T, n, repeats, lambda: None)
+    return seconds, float(decoder.compile_seconds or 0.0)

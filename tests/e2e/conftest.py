@@ -125,9 +125,9 @@ def start_lab(artifacts: Path, tmp_path: Path) -> Iterator:
     """Start `make lab` on a free loopback port serving a given folder; stopped afterwards."""
     servers: list[LabServer] = []
 
-    def start(root: Path) -> LabServer:
+    def start(root: Path, role: str = "learner") -> LabServer:
         server = LabServer(root, state_dir=tmp_path / f"lab-state-{len(servers)}",
-                           log_path=artifacts / f"lab-{len(servers)}.log")
+                           log_path=artifacts / f"lab-{len(servers)}.log", role=role)
         servers.append(server)
         server.start()
         return server

@@ -38,13 +38,22 @@ def copy_course(dest: Path, *parts: str) -> Path:
 
 
 class LabServer:
-    """`make lab LAB_ROOT=root` on a free port, with its own JupyterLab user state."""
+    """`make lab LAB_ROOT=root ROLE=role` on a free port, with its own JupyterLab user state.
 
-    def __init__(self, root: Path, *, state_dir: Path, log_path: Path) -> None:
-        self.root, self.state_dir, self.log_path = root, state_dir, log_path
+    ``log_path`` gets what `make lab` prints (the address last); the server's own log goes
+    beside it (``server_log``)."""
+
+    def __init__(self, root: Path, *, state_dir: Path, log_path: Path,
+                 role: str = "learner") -> None:
+        self.root, self.state_dir, self.log_path, self.role = root, state_dir, log_path, role
+        self.server_log = log_path.with_suffix(".server.log")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+
+    def printed(self) -> list[str]:
+        """The lines `make lab` has printed so far."""
+        return self.log_path.read_text(errors="replace").splitlines()
 
     def start(self, timeout: float = 120) -> None:
         env = dict(os.environ)
@@ -58,13 +67,16 @@ class LabServer:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             ["make", "-s", "-C", str(ROOT), "lab", f"LAB_PORT={self.port}",
-             f"LAB_ROOT={self.root}"], stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)
+             f"LAB_ROOT={self.root}", f"ROLE={self.role}", f"LAB_LOG={self.server_log}"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"`make lab` exited with {self.proc.returncode}: "
                                    + self.log_path.read_text(errors="replace")[-2000:])
+            if not any(line.startswith(self.url) for line in self.printed()):
+                time.sleep(0.3)   # the address is printed once the port is open
+                continue
             try:
                 with urllib.request.urlopen(f"{self.url}/api/status", timeout=2) as r:
                     json.loads(r.read())

@@ -27,6 +27,10 @@ FROM_ARTIFACTS = {
     "lab-widget.png": "test_learner_runs_the_first_exercise_and_validates/03-widget-answer.png",
     "feedback-report.png":
         "test_instructor_sees_assignments_a_graded_submission_and_feedback/03-feedback.png",
+    "hub-assignments.png":
+        "test_student_fetches_submits_and_reads_feedback_through_the_hub/04-submitted.png",
+    "hub-feedback.png":
+        "test_student_fetches_submits_and_reads_feedback_through_the_hub/05-feedback.png",
 }
 
 

@@ -1,4 +1,4 @@
-"""An instructor in a real browser: after the README's grading commands (release, collect,
+"""An instructor in a real browser (`make lab-instructor`): after the README's grading commands (release, collect,
 autograde, feedback) on a throwaway course, JupyterLab's formgrader lists the released
 assignments and the autograded submission with its score, and the feedback page the student
 receives shows each test with its points and the message that names the slip.
@@ -68,10 +68,12 @@ def short_tmp() -> Iterator[Path]:
 def test_instructor_sees_assignments_a_graded_submission_and_feedback(
         short_tmp: Path, start_lab, page: Page, artifacts: Path) -> None:
     course = graded_course(short_tmp)
-    lab = start_lab(course)
+    lab = start_lab(course, role="instructor")
 
-    # 1. Nbgrader > Formgrader opens inside JupyterLab on Manage Assignments.
+    # 1. The instructor's Lab has nbgrader's tools: the Create Assignment sidebar, and
+    # Nbgrader > Formgrader opens inside JupyterLab on Manage Assignments.
     page.goto(lab.url + "/lab")
+    expect(page.locator(".lm-TabBar-tab[title='Nbgrader Create Assignment']")).to_have_count(1)
     page.locator(".lm-MenuBar-item").filter(has_text="Nbgrader").click()
     page.locator(".lm-Menu-item").filter(has_text="Formgrader").first.click()
     formgrader = page.frame_locator("#formgrader iframe")

@@ -1,4 +1,5 @@
-"""A learner's first hour in a real browser: `make lab` opens on the landing page, the first
+"""A learner's first hour in a real browser: `make lab` opens a learner's Lab (no instructor
+tools, Validate only on assignments) on the landing page, the first
 graded exercise runs, its predict-first widget answers input and draws its chart, and the
 Validate button reports the visible tests, naming the learner's mistake.
 
@@ -37,11 +38,20 @@ def test_learner_runs_the_first_exercise_and_validates(start_lab, page: Page,
     landing.get_by_role("heading", name="Start here").wait_for()
     expect(landing.get_by_role("heading", name="Three sittings of about 4 hours")).to_be_visible()
     page.screenshot(path=str(artifacts / "01-landing.png"))
+    # `make lab` printed the address last, and opened a learner's Lab: none of nbgrader's
+    # instructor tools, and no Validate button on a notebook that is not an assignment.
+    assert lab.printed()[-1] == f"{lab.url}/lab/tree/START_HERE.ipynb", lab.printed()[-3:]
+    expect(page.locator(".lm-MenuBar-item").filter(has_text="Run")).to_be_visible()
+    expect(page.locator(".lm-MenuBar-item").filter(has_text="Nbgrader")).to_have_count(0)
+    expect(page.locator(".lm-TabBar-tab[title='Nbgrader Create Assignment']")).to_have_count(0)
+    expect(landing.locator(".validate-button")).to_have_count(1)   # added by nbgrader...
+    expect(landing.locator(".validate-button")).to_be_hidden()     # ...hidden by the course
     landing.get_by_role("link", name="exercises/kv_cache_basics").click()
 
     # 2. Run all cells: the warm-up widget renders (later cells stop at the first blank answer).
     nb = current_notebook(page)
     nb.get_by_role("heading", name="Warm-up").wait_for()
+    expect(nb.locator(".validate-button")).to_be_visible()        # an assignment: Validate
     run_all_cells(page)
     widget = reveal(nb.locator(".widget-vbox").filter(has_text="Predict first"))
     answer = widget.locator("pre")

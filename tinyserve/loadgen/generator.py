@@ -10,7 +10,8 @@ figures (the definitions of :mod:`tinyserve.metrics`, as in vLLM's benchmark):
   The *send time* is when the request's first bytes go out (httpcore's
   ``send_request_headers`` trace event): after a connection was taken from the pool (or
   opened) and the request built, so waiting for a free connection or building the body is
-  not counted as the server's latency;
+  not counted as the server's latency (guidellm's HTTP backend starts its clock at the same
+  event);
 - **request / output throughput** completed requests and output tokens per second of the
   run (first send to last finish); **goodput** completed requests per second that met every
   SLO given (TTFT, TPOT, E2E limits in ms); failed or refused requests (429) count for nothing.
@@ -88,10 +89,18 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
         body["ignore_eos"] = True
     res = Result(prompt.prompt_tokens, time.perf_counter(), replica=replica)
 
+    sent = False
+
     async def on_send(event: str, info: dict[str, Any]) -> None:
-        # The clock starts as the request's headers go out (see the module docstring).
-        if event.endswith("send_request_headers.started"):
-            res.start = time.perf_counter()
+        # The clock starts as the request's headers first go out (see the module docstring);
+        # a proxy's CONNECT is not the request.
+        nonlocal sent
+        request = info.get("request")
+        if sent or not event.endswith("send_request_headers.started") or \
+                (request is not None and request.method == b"CONNECT"):
+            return
+        sent = True
+        res.start = time.perf_counter()
 
     try:
         async with client.stream("POST", base_url.rstrip("/") + "/v1/completions",

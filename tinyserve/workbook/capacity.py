@@ -7,9 +7,16 @@ Every token stores one key and one value vector per layer per KV head:
 It grows linearly with the tokens held, which is why long contexts and many concurrent
 requests run out of memory long before the weights do.
 
-Two units are kept apart on purpose: a GB is 10^9 bytes (what vendors print on a GPU's box
-and what many dashboards show), a GiB is 2^30 bytes (what ``nvidia-smi`` and most allocators
-count). They differ by 7.4%, enough to turn "it fits" into an out-of-memory error.
+Two units are kept apart on purpose: a GB is 10^9 bytes, a GiB is 2^30 bytes. Both appear in
+a capacity review (``nvidia-smi`` prints MiB, data sheets and dashboards may print GB), so
+every figure carries its unit and no sum mixes the two: they differ by 7.4%, enough to turn
+"it fits" into an out-of-memory error. What a device can really hold is what it reports free
+(``torch.cuda.mem_get_info``) after the runtime's own share, not a conversion of its label.
+
+Architectures change the formula's factors, not its shape: grouped-query attention shrinks
+the KV heads; sliding-window attention caps the tokens a windowed layer keeps
+(:func:`kv_bytes_sliding_window`); multi-head latent attention caches one compressed vector per
+token and layer instead of K and V per head (:func:`kv_bytes_mla`).
 """
 from __future__ import annotations
 
@@ -45,6 +52,35 @@ def kv_bytes_per_sequence(num_layers: int, tokens: int, num_kv_heads: int, head_
                           dtype: torch.dtype | str) -> int:
     """2 x layers x tokens x KV heads x head_dim x bytes/elem."""
     return tokens * kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+
+
+def kv_bytes_sliding_window(num_layers: int, tokens: int, num_kv_heads: int, head_dim: int,
+                            dtype: torch.dtype | str, window: int, full_layers: int = 0) -> int:
+    """KV bytes of one sequence when every layer but ``full_layers`` attends only to the last
+    ``window`` tokens (sliding-window attention: Mistral 7B windows every layer at 4,096;
+    models such as Gemma 2 alternate windowed and full layers). A windowed layer never keeps
+    more than ``window`` tokens, so past the window the cache stops growing there."""
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a whole number of tokens >= 1, got {window!r}")
+    if not 0 <= full_layers <= num_layers:
+        raise ValueError(f"full_layers must be between 0 and num_layers ({num_layers}), "
+                         f"got {full_layers}")
+    per_layer_token = kv_bytes_per_token(1, num_kv_heads, head_dim, dtype)
+    kept = full_layers * tokens + (num_layers - full_layers) * min(tokens, window)
+    return per_layer_token * kept
+
+
+def kv_bytes_mla(num_layers: int, tokens: int, latent_dim: int, rope_dim: int,
+                 dtype: torch.dtype | str) -> int:
+    """KV bytes of one sequence under multi-head latent attention (MLA, DeepSeek-V2/V3).
+
+    Each layer caches, per token, one compressed latent of ``latent_dim`` numbers (keys and
+    values of every head are rebuilt from it) plus one rotary key part of ``rope_dim`` shared
+    by all heads: no factor 2, no head count. DeepSeek-V2 uses 512 + 64 = 576 numbers, as
+    much as a GQA cache with 2.25 KV heads of 128."""
+    if latent_dim < 1 or rope_dim < 0:
+        raise ValueError(f"latent_dim must be >= 1 and rope_dim >= 0, got {latent_dim}, {rope_dim}")
+    return num_layers * tokens * (latent_dim + rope_dim) * bytes_per_element(dtype)
 
 
 def kv_bytes_for_config(config: ModelConfig, tokens: int, dtype: torch.dtype | str) -> int:

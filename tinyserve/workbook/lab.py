@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .capacity import GB, GiB, kv_bytes_per_sequence
+from .capacity import GB, GiB, kv_bytes_per_sequence, kv_bytes_sliding_window
 
 # Bytes of one cached number, by the name a model card uses.
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -32,12 +32,16 @@ class KVCase:
     dtype: str = "fp16"
     tokens: int = 4096
     concurrency: int = 1
+    window: int = 0        # sliding-window attention in every layer; 0 = every token is kept
 
     def __post_init__(self) -> None:
         for name in ("layers", "kv_heads", "head_dim", "tokens", "concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+        if not isinstance(self.window, int) or self.window < 0:
+            raise ValueError(f"window must be a whole number >= 0 (0 = no window), "
+                             f"got {self.window!r}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
 
@@ -46,7 +50,15 @@ class KVCase:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def kept_tokens(self) -> int:
+        """Tokens each layer keeps: all of them, or at most the sliding window."""
+        return min(self.tokens, self.window) if self.window else self.tokens
+
+    @property
     def bytes_per_sequence(self) -> int:
+        if self.window:
+            return kv_bytes_sliding_window(self.layers, self.tokens, self.kv_heads,
+                                           self.head_dim, self.dtype, self.window)
         return kv_bytes_per_sequence(self.layers, self.tokens, self.kv_heads, self.head_dim,
                                      self.dtype)
 
@@ -117,14 +129,18 @@ class KVCacheLab:
         if not self.committed:
             return self.HIDDEN
         c, total = self.case, self.case.total_bytes
+        kept = "tokens kept" if c.window else "tokens"
         lines = [
-            "KV bytes = 2 (K and V) x layers x tokens x KV heads x head dim x bytes/element"
+            f"KV bytes = 2 (K and V) x layers x {kept} x KV heads x head dim x bytes/element"
             + (" x concurrency" if c.concurrency > 1 else ""),
-            f"         = 2 x {c.layers} x {c.tokens:,} x {c.kv_heads} x {c.head_dim} x "
+            f"         = 2 x {c.layers} x {c.kept_tokens:,} x {c.kv_heads} x {c.head_dim} x "
             f"{c.bytes_per_element}" + (f" x {c.concurrency}" if c.concurrency > 1 else ""),
             f"         = {total:,} bytes",
             f"         = {total / GB:,.3f} GB (10^9 bytes) = {total / GiB:,.3f} GiB (2^30 bytes)",
         ]
+        if c.window:
+            lines.append(f"sliding window {c.window:,}: each layer keeps min({c.tokens:,}, "
+                         f"{c.window:,}) = {c.kept_tokens:,} tokens")
         if c.concurrency > 1:
             per = c.bytes_per_sequence
             lines.append(f"per sequence: {per:,} bytes = {per / GB:,.3f} GB = "
@@ -156,22 +172,28 @@ class KVCacheLab:
 def growth_chart_png(case: KVCase, guess_gb: float | None = None) -> bytes:
     """A PNG of the case's KV memory against the tokens each sequence holds, in GB.
 
-    The line is straight through zero (every token adds the same bytes), the case is a dot on
+    The line is straight through zero (every token adds the same bytes; with a sliding window
+    it turns flat at the window), the case is a dot on
     it, and a committed guess is a dashed level, so a learner sees which way and how far the
     guess missed. Uses matplotlib's object API (no pyplot state, no display backend)."""
     from matplotlib.figure import Figure
 
     answer_gb = case.total_bytes / GB
+    per_token_gb = answer_gb / case.kept_tokens
     xs = [0, 2 * case.tokens]
+    if case.window and case.window < xs[1]:   # a window flattens the line past its size
+        xs.insert(1, case.window)
     fig = Figure(figsize=(5.6, 3.0), dpi=90)
     ax = fig.add_subplot()
-    ax.plot(xs, [0, 2 * answer_gb], "-", color="tab:blue",
+    ax.plot(xs, [per_token_gb * (min(x, case.window) if case.window else x) for x in xs], "-",
+            color="tab:blue",
             label=f"{case.layers} layers, {case.kv_heads} KV heads, {case.dtype}"
-                  + (f", {case.concurrency} sequences" if case.concurrency > 1 else ""))
+                  + (f", {case.concurrency} sequences" if case.concurrency > 1 else "")
+                  + (f", window {case.window:,}" if case.window else ""))
     ax.plot([case.tokens], [answer_gb], "o", color="tab:blue")
     ax.annotate(f"this case: {answer_gb:,.3f} GB", (case.tokens, answer_gb),
                 textcoords="offset points", xytext=(-8, 8), ha="right")
-    top = 2.2 * answer_gb
+    top = 1.1 * per_token_gb * (min(xs[-1], case.window) if case.window else xs[-1])
     if guess_gb is not None:
         if guess_gb <= 10 * answer_gb:
             top = max(top, 1.15 * guess_gb)
@@ -180,10 +202,11 @@ def growth_chart_png(case: KVCase, guess_gb: float | None = None) -> bytes:
         else:   # a level far above would squash the line flat; say it in words instead
             ax.plot([], [], " ", label=f"your guess, {guess_gb:g} GB, is off the chart")
     ax.set_ylim(0, top)
-    ax.set_xlim(0, xs[1])
+    ax.set_xlim(0, xs[-1])
     ax.set_xlabel("tokens held per sequence")
     ax.set_ylabel("KV cache (GB, 10^9 bytes)")
-    ax.set_title("KV memory grows linearly with the tokens held")
+    ax.set_title("KV memory grows linearly with the tokens held"
+                 + (", up to the window" if case.window else ""))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
@@ -213,6 +236,8 @@ class _LabWidgets:
                                        **wide),
             "concurrency": w.BoundedIntText(c.concurrency, min=1, max=10**6,
                                             description="sequences at once", **wide),
+            "window": w.BoundedIntText(c.window, min=0, max=10**8,
+                                       description="sliding window (0 = none)", **wide),
         }
         self.guess = w.Text(placeholder="e.g. 0.5", description="your guess (GB)", **wide)
         self.commit_button = w.Button(description="Commit guess", button_style="primary")

@@ -1,0 +1,81 @@
+"""The decode roofline (tinyserve/roofline.py) and its predict-first lab: byte and FLOP counts
+against the model itself, the bounds' crossover, and the measured-step helpers on a tiny model."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tinyserve.config import ModelConfig
+from tinyserve.model import TinyLlama
+from tinyserve.quant import quantize_model
+from tinyserve.roofline import (bounds_seconds, crossover_batch, decode_cost, decode_cost_for,
+                                eager_step_seconds, matmul_flops, mbu, memory_bandwidth,
+                                parameter_count)
+from tinyserve.workbook.capacity import kv_bytes_for_config
+from tinyserve.workbook.roofline_lab import RooflineCase, RooflineLab
+
+SMALL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_parameter_count_from_the_config_matches_the_model(tied: bool) -> None:
+    cfg = replace(SMALL, tie_word_embeddings=tied)
+    assert parameter_count(cfg) == TinyLlama(cfg).num_parameters()
+
+
+def test_decode_cost_reads_weights_once_and_each_rows_cache() -> None:
+    model = TinyLlama(SMALL).eval()
+    one, eight = decode_cost(model, 1, 20), decode_cost(model, 8, 20)
+    assert one.weight_bytes == eight.weight_bytes == model.num_parameters() * 4
+    assert one.kv_bytes == kv_bytes_for_config(SMALL, 20, torch.float32)
+    assert eight.kv_bytes == 8 * one.kv_bytes
+    assert eight.flops == 8 * one.flops == 8 * SMALL.flops_per_token(20)
+    # int8 weights: a quarter of the bytes (norm gains and scales stay in float)
+    assert decode_cost(quantize_model(model), 1, 20).weight_bytes < one.weight_bytes / 3
+
+
+def test_bounds_meet_at_the_crossover_batch() -> None:
+    bandwidth, rate = 20e9, 50e9
+    weights = parameter_count(SMALL) * 4
+    b = crossover_batch(SMALL, weights, 4, 16, bandwidth, rate)
+    assert 1 < b < 1000
+    cost = decode_cost_for(SMALL, weights, 4, b, 16)   # a fractional batch is fine for the algebra
+    bounds = bounds_seconds(cost, bandwidth, rate)
+    assert math.isclose(bounds["memory_s"], bounds["compute_s"], rel_tol=1e-3)
+    assert bounds["roofline_s"] == max(bounds["memory_s"], bounds["compute_s"])
+    # a cache so long that each row reads more than it computes: memory-bound at any batch
+    assert crossover_batch(SMALL, weights, 4, 10**7, bandwidth, 1e15) == math.inf
+    assert mbu(cost, bandwidth, bounds["memory_s"]) == pytest.approx(1.0)
+
+
+def test_machine_measurements_and_a_measured_step_are_positive() -> None:
+    assert memory_bandwidth("cpu", 4 * 2**20, repeats=2) > 1e8       # > 0.1 GB/s
+    assert matmul_flops("cpu", n=64, repeats=2) > 1e6
+    torch.manual_seed(0)
+    model = TinyLlama(SMALL).eval()
+    assert eager_step_seconds(model, torch.randint(0, 96, (2, 5)), n=2, repeats=1) > 0
+
+
+def test_the_lab_hides_the_answer_until_a_guess_is_committed_then_locks_it() -> None:
+    case = RooflineCase("tiny on a laptop", SMALL, 4, bandwidth=20e9, flop_rate=50e9, context=16)
+    assert 1 < case.crossover() < 1000
+    lab = RooflineLab(case)
+    assert lab.revealed_text() == RooflineLab.HIDDEN and not lab.commit()
+    lab.set_guess("lots")
+    assert lab.guess is None and "not a number" in lab.message
+    lab.set_guess("0.5")
+    assert lab.guess is None and "at least 1" in lab.message
+    lab.set_guess(str(round(case.crossover())))
+    assert lab.commit() and "within 2x" in lab.revealed_text()
+    assert f"{case.crossover():,.0f}" in lab.revealed_text()
+    lab.set_guess("1000")                       # locked: the committed guess stands
+    assert lab.guess == round(case.crossover()) and "committed" in lab.message
+    far = RooflineLab(case)
+    far.set_guess(case.crossover() * 50)
+    far.commit()
+    assert "too high" in far.revealed_text()
+    assert lab.ui() is lab.ui()                 # the widgets are built once
