@@ -195,6 +195,16 @@ def hub() -> Iterator[Hub]:
         assert not left, f"processes of the class's accounts outlived the hub: {left}"
 
 
+def end_leftover_grading_kernels() -> None:
+    """Grading kernels still running once autograde has returned: ended here, and reported
+    by test_autograde_leaves_no_grading_kernel_running below."""
+    time.sleep(5)
+    for pid, cmd in user_processes([INSTRUCTOR]).items():
+        if "autograder.kernel_boot" in cmd:
+            LEFT_BY_AUTOGRADE[pid] = cmd
+            os.kill(pid, signal.SIGKILL)
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         return None
@@ -292,13 +302,7 @@ def test_whole_flow_through_the_exchange_as_the_class(released: Hub) -> None:
     # Only 1a answered (2 points): ada's slip scores 0, bob's right answer 2.
     assert re.search(rf"{ADA}\s+graded\s+0/22", out) and re.search(rf"{BOB}\s+graded\s+2/22",
                                                                      out), out
-    # Grading kernels still running once autograde has returned: ended here, and reported by
-    # test_autograde_leaves_no_grading_kernel_running below.
-    time.sleep(5)
-    for pid, cmd in user_processes([INSTRUCTOR]).items():
-        if "autograder.kernel_boot" in cmd:
-            LEFT_BY_AUTOGRADE[pid] = cmd
-            os.kill(pid, signal.SIGKILL)
+    end_leftover_grading_kernels()
     out = as_user(INSTRUCTOR, hub.dir, *ag, "feedback", NAME, "--return").stdout
     assert f"returned feedback to 2 student(s) through the exchange: {ADA}, {BOB}" in out, out
     as_user(ADA, hub.dir, hub.python, "-m", "nbgrader", "fetch_feedback", NAME)
