@@ -39,7 +39,7 @@ def test_source_assignment_specifics(source):
     assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
     intro = source.cells[0].source
     assert "(20 points)" in intro and sum(tests.values()) == 20
-    assert "Estimated working time: about 50 minutes" in intro
+    assert "Estimated working time: about 60 min" in intro
     text = "\n".join(c.source for c in source.cells)
     assert "tinyserve.default_device()" in text and ".cuda()" not in text
 

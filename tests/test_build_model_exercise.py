@@ -47,7 +47,7 @@ def test_source_assignment_specifics(source):
     assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
     intro = source.cells[0].source
     assert "(28 points)" in intro and sum(tests.values()) == 28
-    assert "Estimated working time: about 60 minutes" in intro
+    assert "Estimated working time: about 80 min" in intro
     # Device-agnostic: the template picks the device, nothing hard-codes CUDA.
     text = "\n".join(c.source for c in source.cells)
     assert "tinyserve.default_device()" in text and ".cuda()" not in text

@@ -38,7 +38,7 @@ def test_source_assignment_specifics(source):
     assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
     intro = source.cells[0].source
     assert "(12 points)" in intro and sum(tests.values()) == 12
-    assert "Estimated working time: about 50 minutes" in intro
+    assert "Estimated working time: about 50 min" in intro
     text = "\n".join(c.source for c in source.cells)
     assert "tinyserve.default_device()" in text and ".cuda()" not in text
     assert filecmp.cmp(SOURCE_DIR / "build_checks.py", ROOT / "solutions" / "build_model" / "build_checks.py",
