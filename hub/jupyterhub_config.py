@@ -69,6 +69,9 @@ c.Spawner.cmd = [str(USER_PYTHON), "-m", "jupyterhub.singleuser"]
 c.Spawner.default_url = "/lab"
 c.Spawner.start_timeout = 180      # a busy 2-core machine imports JupyterLab slowly
 c.Spawner.http_timeout = 180
+# Stopping: SIGINT, then SIGTERM, then SIGKILL. A server killed before it has shut its kernels
+# down leaves them running as the user; give it time on a busy machine (default 10 s).
+c.LocalProcessSpawner.interrupt_timeout = 30
 c.Spawner.args = [
     f"--LabApp.extra_labextensions_path={REPO / '.jupyter' / 'labextensions'}",
     f"--LabApp.app_settings_dir={REPO / '.jupyter' / 'lab' / 'settings'}",

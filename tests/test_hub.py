@@ -175,6 +175,14 @@ def hub() -> Iterator[Hub]:
                 time.sleep(0.5)
         yield h
     finally:
+        for user in users:   # each server stopped as the hub does it, kernels first
+            try:
+                h.api("DELETE", f"/users/{user}/server")
+            except (OSError, ValueError):
+                pass   # not running, or the hub never came up
+        deadline = time.monotonic() + 90
+        while user_processes(users) and time.monotonic() < deadline:
+            time.sleep(1)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)   # the hub stops its servers and proxy
             try:
