@@ -252,11 +252,27 @@ class Channel:
         if "ok" not in msg:
             raise WireError("malformed reply")
         value = self._decode_node(msg["ok"])
+        if "back" in msg:
+            self._copy_back(self._decode_node(msg["back"]))
         if target is not None and "state" in msg:
             state = self._decode_node(msg["state"])
             object.__setattr__(target, "_state", state if type(state) is dict else None)
             object.__setattr__(target, "_epoch", self.epoch)
         return value
+
+    def _copy_back(self, back) -> None:
+        """Update the objects the tests lent to a call with their fields after it: only
+        fields they already had, each with a value of the same type (data, never behaviour)."""
+        for item in back if type(back) is list else []:
+            if type(item) is not list or len(item) != 2 or type(item[1]) is not dict:
+                continue
+            obj = self._tags.get(item[0])
+            fields = getattr(obj, "__dict__", None)
+            if type(fields) is not dict:
+                continue
+            for name, value in item[1].items():
+                if name in fields and type(value) is type(fields[name]):
+                    object.__setattr__(obj, name, value)
 
     def _decode_node(self, node):
         try:

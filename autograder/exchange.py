@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 
-from .collect import MAX_FILE_MB, MAX_TOTAL_MB, _copy_capped
+from .collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped
 from .course import Course, CourseError, ensure_in_gradebook, release, safe_name
 
 DEFAULT_ROOT = "/usr/local/share/nbgrader/exchange"   # nbgrader's own default
@@ -299,8 +299,8 @@ def _refuse(src: Path, student: str, check_owner: bool) -> str | None:
                 return f"it holds a special file ({str(rel)[:80]!r})"
             if stat.S_ISREG(mode):
                 total += path.lstat().st_size
-        if total > MAX_TOTAL_MB * 2**20:
-            return f"it is larger than {MAX_TOTAL_MB} MB"
+        if total > MAX_STUDENT_MB * 2**20:
+            return f"it is larger than {MAX_STUDENT_MB} MB"
     for nb in sorted(src.glob("*.ipynb")):
         try:
             nbformat.read(nb, as_version=4)

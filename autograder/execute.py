@@ -2,9 +2,11 @@
 
 On top of nbclient this adds what grading untrusted code needs: a per-cell timeout that first
 interrupts and, if the kernel ignores the interrupt, kills it; a wall-clock limit for the whole
-notebook; a cap on stored output; a kernel that dies mid-way (every later cell is "not run",
-never silently passed); the testkit's integrity guard before every test cell; and a final
-integrity report from inside the kernel.
+notebook; a cap on stored output (metadata included); a kernel that dies mid-way (every later
+cell is "not run", never silently passed); and a final integrity report from inside the kernel.
+With a ``Plan`` (the grading path), test cells do not run in the kernel at all: the trusted
+runner (``autograder.trusted``) executes them in this process, reaching the student's answers
+over jupyter's stdin channel (``autograder.channel``).
 """
 from __future__ import annotations
 

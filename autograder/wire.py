@@ -15,6 +15,8 @@ array                                   list
 ``{"$b": base64}``                      bytes
 ``{"$tensor": [dtype, shape, base64]}``  torch.Tensor (CPU, raw little-endian bytes)
 ``{"$nd": [dtype, shape, base64]}``     numpy.ndarray (no object arrays)
+``{"$device": "cpu"}``, ``{"$dtype": .}``  torch.device, torch.dtype
+``{"$slice": [a, b, c]}``, ``$range``    slice, range
 ``{"$h": [id, type name, methods]}``    a handle on an object that stays in the kernel
 ``{"$o": [class path, fields, tag]}``   a trusted-side object of an allowed package,
                                         rebuilt from its fields (tinyserve dataclasses)
@@ -108,9 +110,16 @@ class Encoder:
             return {"$deque": [self.encode(x, depth + 1) for x in obj]}
         if t is bytes:
             return {"$b": base64.b64encode(obj).decode()}
+        if t is slice or t is range:
+            return {"$slice" if t is slice else "$range":
+                    [self.encode(x, depth + 1) for x in (obj.start, obj.stop, obj.step)]}
         torch = sys.modules.get("torch")
         if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
             return {"$tensor": list(_tensor_bytes(obj))}
+        if torch is not None and t is torch.device:
+            return {"$device": str(obj)}
+        if torch is not None and t is torch.dtype:
+            return {"$dtype": str(obj).removeprefix("torch.")}
         np = sys.modules.get("numpy")
         if np is not None:
             if t is np.ndarray and not obj.dtype.hasobject:
@@ -163,10 +172,24 @@ class Decoder:
             return collections.deque(self.decode(x, d) for x in body)
         if tag == "$b":
             return base64.b64decode(body)
+        if tag in ("$slice", "$range"):
+            parts = [self.decode(x, d) for x in body][:3]
+            if not all(p is None or type(p) is int for p in parts):
+                raise WireError("slice and range bounds are ints")
+            return slice(*parts) if tag == "$slice" else range(*parts)
         if tag == "$tensor":
             return _tensor_from(*body)
         if tag == "$nd":
             return _array_from(*body)
+        if tag == "$device":
+            import torch
+            return torch.device(str(body))
+        if tag == "$dtype":
+            import torch
+            kind = getattr(torch, str(body), None)
+            if not isinstance(kind, torch.dtype):
+                raise WireError(f"unknown dtype {str(body)[:40]!r}")
+            return kind
         if tag == "$h":
             methods = body[2] if len(body) > 2 and type(body[2]) is list else []
             return self.on_handle(int(body[0]), str(body[1])[:80],
@@ -182,10 +205,18 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+def allowed_module(module: str) -> bool:
+    """The course's own packages, and the helper modules released next to the notebook
+    (``build_checks.py``: in the working folder of both the kernel and the test runner)."""
+    import os
+    return module.startswith(OBJECT_PACKAGES) or (
+        module.isidentifier() and os.path.isfile(f"{module}.py"))
+
+
 def allowed_class(path: str) -> type:
-    """The class at ``module:qualname``, if it belongs to an allowed package."""
+    """The class at ``module:qualname``, if it belongs to an allowed module."""
     module, _, qualname = path.partition(":")
-    if not module.startswith(OBJECT_PACKAGES) or not qualname.isidentifier():
+    if not allowed_module(module) or not qualname.isidentifier():
         raise WireError(f"objects of {path[:80]!r} cannot cross the channel")
     cls = getattr(importlib.import_module(module), qualname, None)
     if not isinstance(cls, type):
@@ -214,7 +245,7 @@ def rebuild(cls: type, fields: dict):
 def object_fields(obj) -> dict | None:
     """The instance fields of an allowed trusted object, or None when it may not cross."""
     cls = type(obj)
-    if not cls.__module__.startswith(OBJECT_PACKAGES) or "." in cls.__qualname__:
+    if not allowed_module(cls.__module__) or "." in cls.__qualname__:
         return None
     fields = getattr(obj, "__dict__", None)
     if fields is None and hasattr(cls, "__slots__"):

@@ -107,7 +107,7 @@ def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
     # The compiled path on the real model: eager and compiled tokens, step times, roofline.
     steps.append(Step("compiled-decode", [py, "-m", "tinyserve", "bench", "decode",
                                           "--json", str(tmp / "compiled.json")],
-                      180, json_out=tmp / "compiled.json", alone=True))
+                      240, json_out=tmp / "compiled.json", alone=True))
     for suite in FULL_SUITES:
         if suite in bench.SUITES:
             out = tmp / f"full-{suite}.json"

@@ -288,3 +288,43 @@ def test_the_formgrader_view_of_a_submission_carries_no_active_content(tmp_path)
     assert not re.search(r"<script[^>]*>[^<]*pwned", html)
     assert not re.search(r"<img[^>]*onerror", html) and "window.pwned = 4" not in html
     assert "<b>hi</b>" in html and "<strong>bold</strong>" in html
+
+
+# ------------------------------------------------------------------ the protocol end to end
+
+@pytest.fixture()
+def in_process(monkeypatch):
+    """The trusted side talking to autograder.agent in this process (no kernel): the same
+    requests and replies as over jupyter's stdin channel."""
+    from autograder import agent
+    student_ns: dict = {}
+    monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
+    ch = Channel(lambda request, timeout: None if request is None else agent.serve(request))
+    ns = TestNamespace(ch)
+    ch.namespace = ns
+    return student_ns, ns
+
+
+def test_a_learners_class_is_driven_by_method_calls(in_process):
+    student, ns = in_process
+    exec("class Pool:\n"
+         "    def __init__(self, n):\n        self.free = list(range(n))\n"
+         "    @property\n    def num_free(self):\n        return len(self.free)\n"
+         "    def take(self, k):\n        got, self.free = self.free[:k], self.free[k:]\n"
+         "        return got\n", student)
+    exec("p = Pool(5)\ngot = p.take(2)\nleft = (p.free, p.num_free)", ns)
+    assert ns["got"] == [0, 1] and ns["left"] == ([2, 3, 4], 3)
+    assert type(ns["p"]).__name__ == "Remote"
+
+
+def test_lent_objects_come_back_with_what_the_call_wrote_and_nothing_else(in_process):
+    from tinyserve.engine import EngineConfig
+    student, ns = in_process
+    exec("def tune(cfg):\n    cfg.max_num_seqs = 99\n    cfg.policy = object()\n"
+         "    cfg.extra = 1\n    return slice(1, 5), range(3)", student)
+    cfg = EngineConfig()
+    ns["cfg"] = cfg
+    exec("out = tune(cfg)", ns)
+    assert cfg.max_num_seqs == 99                       # same field, same type: copied back
+    assert cfg.policy == "fcfs" and not hasattr(cfg, "extra")  # a new type, a new field: not
+    assert ns["out"] == (slice(1, 5), range(3))

@@ -23,7 +23,7 @@ KV_BYTES_RIGHT = ("def kv_bytes(layers, tokens, kv_heads, head_dim, bytes_per_el
                   "    return 2 * layers * tokens * kv_heads * head_dim * bytes_per_elem")
 # testkit's failure prefix for 1a's visible check; the check's *source* (also shown by
 # Validate) lists the mistakes, so only the error line proves the check ran and failed.
-KV_BYTES_FAILED = "[kv_bytes(32, 8192, 8, 128, 2)] got 5.36871e+08: half the expected size"
+KV_BYTES_FAILED = "[kv_bytes(32, 8192, 8, 128, 2)] got 536,870,912: half the expected size"
 
 
 def test_learner_runs_the_first_exercise_and_validates(start_lab, page: Page,
@@ -36,7 +36,7 @@ def test_learner_runs_the_first_exercise_and_validates(start_lab, page: Page,
     page.goto(lab.url + "/")
     landing = current_notebook(page)
     landing.get_by_role("heading", name="Start here").wait_for()
-    expect(landing.get_by_role("heading", name="Three sittings of about 4 hours")).to_be_visible()
+    expect(landing.get_by_role("heading", name="The four-hour path")).to_be_visible()
     page.screenshot(path=str(artifacts / "01-landing.png"))
     # `make lab` printed the address last, and opened a learner's Lab: none of nbgrader's
     # instructor tools, and no Validate button on a notebook that is not an assignment.

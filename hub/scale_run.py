@@ -1,0 +1,244 @@
+"""A whole class, simulated, on this machine: the hub's start-up per user, collection and
+grading throughput, peak memory. Run as root, on a quiet machine (minutes; heavy on 2 cores):
+
+    .venv/bin/python hub/scale_run.py --students 40 --workers 2 \
+        --json bench/results/hub_class.json
+
+What it does, with the same pieces as `make hub` and tests/test_hub.py:
+  1. accounts tsh-teacher and tsh-s01..tsh-sNN (hub/setup_class.py), a hub on a free
+     loopback port with a REST API token;
+  2. the instructor releases kv_cache_basics to the exchange;
+  3. every student's JupyterLab is started through the REST API, all at once as a class
+     arriving would; start-up time per user is request -> ready;
+  4. each student fetches the assignment and submits the *solution* with one of several
+     mistakes (none, the missing factor 2, a blank answer, an exception), with nbgrader's own
+     commands as that account;
+  5. the instructor collects from the exchange and autogrades (sandboxed unless --unsafe) with
+     N workers; feedback is returned;
+  6. memory: the summed RSS of the hub, its proxy and every class account's processes,
+     sampled each second, peak reported.
+Everything it starts is stopped at the end; the accounts stay (their homes are emptied).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import pwd
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+INSTRUCTOR = "tsh-teacher"
+NAME = "kv_cache_basics"
+RIGHT = "return 2 * layers * tokens * kv_heads * head_dim * bytes_per_elem"
+MISTAKES = {   # what replaces the solution's 1a line, in turn across the class
+    "none": RIGHT,
+    "factor_2_missing": "return layers * tokens * kv_heads * head_dim * bytes_per_elem",
+    "blank": "raise NotImplementedError()",
+    "exception": "return 1 / 0",
+}
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def as_user(user: str, hub_dir: Path, python: str, *args: str, cwd: Path | None = None
+            ) -> subprocess.CompletedProcess:
+    entry = pwd.getpwnam(user)
+    role = "instructor" if user == INSTRUCTOR else "student"
+    env = {"HOME": entry.pw_dir, "USER": user, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+           "PATH": os.pathsep.join([str(Path(python).parent), "/usr/bin", "/bin"]),
+           "JUPYTER_CONFIG_PATH": os.pathsep.join([str(REPO / "hub" / "nbgrader"),
+                                                   str(REPO / ".jupyter" / "roles" / role)]),
+           "TINYSERVE_EXCHANGE": str(hub_dir / "exchange")}
+    if role == "instructor":
+        env["TINYSERVE_COURSE"] = str(Path(entry.pw_dir) / "tinyserve")
+    proc = subprocess.run([python, *args], user=entry.pw_uid, group=entry.pw_gid,
+                          extra_groups=[], env=env, capture_output=True, text=True,
+                          cwd=cwd or env.get("TINYSERVE_COURSE", entry.pw_dir), timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{user}: {args} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+class Memory(threading.Thread):
+    """Peak summed RSS (MiB) of the given pids' trees and the given accounts' processes."""
+
+    def __init__(self, uids: set[int], roots: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.uids, self.roots, self.peak_mib, self.stop = uids, roots, 0.0, threading.Event()
+
+    def sample(self) -> float:
+        total = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            uid = int(fields.get("Uid", "0").split()[0])
+            ppid = int(fields.get("PPid", "0").strip())
+            if uid in self.uids or int(entry.name) in self.roots or ppid in self.roots:
+                total += int(fields.get("VmRSS", "0 kB").split()[0])
+        return total / 1024
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.peak_mib = max(self.peak_mib, self.sample())
+            self.stop.wait(1.0)
+
+
+def api(url: str, token: str, method: str, path: str) -> dict:
+    req = urllib.request.Request(f"{url}/hub/api{path}", method=method,
+                                 headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        text = r.read()
+    return json.loads(text) if text else {}
+
+
+def submit_with_mistake(student: str, hub_dir: Path, python: str, mistake: str) -> None:
+    as_user(student, hub_dir, python, "-m", "nbgrader", "fetch_assignment", NAME)
+    target = Path(pwd.getpwnam(student).pw_dir) / NAME / f"{NAME}.ipynb"
+    solution = (REPO / "solutions" / NAME / f"{NAME}.ipynb").read_text()
+    target.write_text(solution.replace(RIGHT, MISTAKES[mistake]))   # as root: hand it back
+    entry = pwd.getpwnam(student)
+    os.chown(target, entry.pw_uid, entry.pw_gid)
+    as_user(student, hub_dir, python, "-m", "nbgrader", "submit", NAME)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--students", type=int, default=40)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--unsafe", action="store_true", help="grade without the sandbox")
+    p.add_argument("--json", type=Path, default=REPO / "bench" / "results" / "hub_class.json")
+    args = p.parse_args(argv)
+    if os.getuid() != 0:
+        sys.exit("error: the class run creates accounts and switches to them: run it as root")
+    students = [f"tsh-s{i:02d}" for i in range(1, args.students + 1)]
+    for user in [INSTRUCTOR, *students]:   # empty homes from an earlier run
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            continue
+        shutil.rmtree(entry.pw_dir, ignore_errors=True)
+        Path(entry.pw_dir).mkdir(mode=0o700)
+        os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
+    hub_dir = Path(tempfile.mkdtemp(prefix="tsh-class-"))
+    subprocess.run([sys.executable, str(REPO / "hub" / "setup_class.py"), "--hub-dir",
+                    str(hub_dir), "--instructor", INSTRUCTOR, "--students", ",".join(students),
+                    "--password", secrets.token_urlsafe(12)], check=True, capture_output=True)
+    python = (hub_dir / "state" / "user_python").read_text().strip()
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ, TINYSERVE_HUB_DIR=str(hub_dir), TINYSERVE_INSTRUCTOR=INSTRUCTOR,
+               TINYSERVE_STUDENTS=",".join(students), TINYSERVE_HUB_PORT=str(port),
+               TINYSERVE_PROXY_API_PORT=str(free_port()),
+               TINYSERVE_HUB_API_PORT=str(free_port()), TINYSERVE_HUB_TOKEN=token)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    hub = subprocess.Popen([str(Path(sys.executable).parent / "jupyterhub"), "-f",
+                            str(REPO / "hub" / "jupyterhub_config.py")], cwd=hub_dir / "state",
+                           env=env, stdout=open(hub_dir / "state" / "hub.log", "wb"),
+                           stderr=subprocess.STDOUT, start_new_session=True)
+    uids = {pwd.getpwnam(u).pw_uid for u in [INSTRUCTOR, *students]}
+    memory = Memory(uids, [hub.pid])
+    memory.start()
+    report: dict = {"students": len(students), "workers": args.workers,
+                    "sandboxed": not args.unsafe, "cpus": os.cpu_count(),
+                    "machine": platform.platform(), "note": ""}
+    try:
+        while True:
+            try:
+                api(url, token, "GET", "/")
+                break
+            except OSError:
+                if hub.poll() is not None or time.monotonic() - t0 > 300:
+                    raise RuntimeError("the hub did not start; see " + str(hub_dir))
+                time.sleep(0.5)
+        report["hub_start_s"] = round(time.monotonic() - t0, 1)
+        as_user(INSTRUCTOR, hub_dir, python, "-m", "autograder", "release-exchange", NAME)
+
+        # 3. The class arrives: every server requested at once, each timed to ready.
+        asked = {}
+        for s in students:
+            asked[s] = time.monotonic()
+            api(url, token, "POST", f"/users/{s}/server")
+        ready: dict[str, float] = {}
+        while len(ready) < len(students):
+            for s in students:
+                if s not in ready and api(url, token, "GET", f"/users/{s}")["servers"] \
+                        .get("", {}).get("ready"):
+                    ready[s] = time.monotonic() - asked[s]
+            if time.monotonic() - t0 > 3600:
+                raise RuntimeError(f"only {len(ready)} of {len(students)} servers started")
+            time.sleep(1)
+        times = sorted(ready.values())
+        report["server_start_s"] = {"p50": round(statistics.median(times), 1),
+                                    "p95": round(times[int(0.95 * (len(times) - 1))], 1),
+                                    "max": round(times[-1], 1)}
+        report["peak_rss_mib_all_servers_idle"] = round(memory.sample())
+
+        # 4. Submissions from the solution, with the mistakes in turn.
+        kinds = list(MISTAKES)
+        t = time.monotonic()
+        for i, s in enumerate(students):
+            submit_with_mistake(s, hub_dir, python, kinds[i % len(kinds)])
+        report["submit_s_per_student"] = round((time.monotonic() - t) / len(students), 2)
+
+        # 5. Collect, grade, return.
+        ag = ["-m", "autograder"]
+        t = time.monotonic()
+        as_user(INSTRUCTOR, hub_dir, python, *ag, "collect", NAME, "--from-exchange")
+        report["collect_s"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        out = as_user(INSTRUCTOR, hub_dir, python, *ag, "autograde", NAME, "--no-progress",
+                      "--workers", str(args.workers), *(["--unsafe"] if args.unsafe else [])
+                      ).stdout
+        grading_s = time.monotonic() - t
+        report["grading_s"] = round(grading_s, 1)
+        report["notebooks_per_minute"] = round(len(students) / grading_s * 60, 1)
+        report["graded_lines"] = out.strip().splitlines()[:5]
+        t = time.monotonic()
+        as_user(INSTRUCTOR, hub_dir, python, *ag, "feedback", NAME, "--return")
+        report["feedback_return_s"] = round(time.monotonic() - t, 1)
+    finally:
+        for s in students:
+            try:
+                api(url, token, "DELETE", f"/users/{s}/server")
+            except OSError:
+                pass
+        memory.stop.set()
+        report["peak_rss_mib"] = round(memory.peak_mib)
+        if hub.poll() is None:
+            os.killpg(hub.pid, signal.SIGTERM)
+            try:
+                hub.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(hub.pid, signal.SIGKILL)
+        shutil.rmtree(hub_dir, ignore_errors=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
