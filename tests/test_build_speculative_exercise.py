@@ -96,6 +96,18 @@ MISTAKES = [
      "        out += new\n"
      "        dm.rollback(len(context) - 1)\n"
      "    return out[:n]", "caches not rolled back"),
+    ("test_speculative_greedy",  # correct tokens, but the draft re-reads one token every step
+     "def speculative_greedy(prompt, n, k, target, dm):\n"
+     "    first = int(target.feed(list(prompt))[-1].argmax())\n"
+     "    context, out = list(prompt) + [first], [first]\n"
+     "    while len(out) < n:\n"
+     "        g = draft(dm, context, k)\n"
+     "        new = accept_greedy(g, target.feed(context[-1:] + g))\n"
+     "        context += new\n"
+     "        out += new\n"
+     "        target.rollback(len(context) - 1)\n"
+     "        dm.rollback(len(context) - 2)\n"
+     "    return out[:n]", "no further"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, residual="p[i].clone()")), "drawn from p"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="True")), "follows the draft's q"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, bonus="")), "bonus token"),
