@@ -43,17 +43,14 @@ class TrustedRunner:
     @contextlib.contextmanager
     def _inside(self, out: io.StringIO):
         # Tests read the released data files by relative path, as they do in the notebook.
-        # And import the released helper modules next to it (build_checks.py), as the
-        # notebook's kernel does from its own folder.
+        # The folder is NOT put on sys.path: a .py file there is the student's to write.
         here = os.getcwd()
         os.chdir(self.cwd)
-        sys.path.insert(0, self.cwd)
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 yield
         finally:
             os.chdir(here)
-            sys.path.remove(self.cwd)
 
     def run_setup(self, cell: nbformat.NotebookNode, label: str) -> str:
         """Run a read-only cell here as well; returns a problem to report, or ''."""

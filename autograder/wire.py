@@ -40,7 +40,7 @@ MAX_DEPTH = 64
 MAX_MESSAGE_BYTES = 256 * 2**20
 # Trusted-side objects (arguments the tests build) that may cross as fields: the course's
 # own engine types (workload specs, SLOs, cost models), never arbitrary classes.
-OBJECT_PACKAGES = ("tinyserve.",)
+OBJECT_PACKAGES = ("tinyserve.", "autograder.build_checks")
 
 
 class WireError(ValueError):
@@ -206,11 +206,9 @@ def class_path(cls: type) -> str:
 
 
 def allowed_module(module: str) -> bool:
-    """The course's own packages, and the helper modules released next to the notebook
-    (``build_checks.py``: in the working folder of both the kernel and the test runner)."""
-    import os
-    return module.startswith(OBJECT_PACKAGES) or (
-        module.isidentifier() and os.path.isfile(f"{module}.py"))
+    """The course's own packages and the build track's shared checks; never a module from
+    the submission's folder, which the student controls."""
+    return module.startswith(OBJECT_PACKAGES)
 
 
 def allowed_class(path: str) -> type:
