@@ -103,7 +103,8 @@ class ModelExecutor:
             # Slot of position p: table[p // block_size] * block_size + p % block_size.
             table = torch.tensor(blocks.tables[seq.seq_id].blocks)
             slots = (table[:, None] * bs + offsets).flatten()[:start + n]
-            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start))
+            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start,
+                                block_table=blocks.tables[seq.seq_id].blocks))
         device = self.model.device
         self.cache.prepare(rows)
         # Only a row that reaches the end of its sequence samples; a prefill chunk that is
