@@ -138,6 +138,21 @@ class CompiledDecoder:
         return logits
 
 
+def compile_token_layers(model: TinyLlama, backend: str = "inductor") -> None:
+    """Compile, in place, the parts of every layer that work token by token (the MLP), for
+    the serving engine (``serve --compile``).
+
+    An engine step is one flat list of tokens from many sequences, its length changing every
+    step, and its attention goes through the paged cache's Python bookkeeping; so the step
+    cannot be one static graph like :class:`CompiledDecoder`'s. What can be compiled is what
+    does not care which sequence a token belongs to: the MLP, with a dynamic token count
+    (one graph for every step size). Attention stays eager. ``nn.Module.compile`` keeps the
+    module in place, so state dicts and the Hugging Face export keep their names.
+    """
+    for layer in model.model.layers:
+        layer.mlp.compile(backend=backend, dynamic=True, fullgraph=True)
+
+
 _DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[tuple[int, str | None, str], CompiledDecoder]]" = \
     weakref.WeakKeyDictionary()
 

@@ -46,6 +46,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static: bool = False
     policy: str | Policy = "fcfs"
+    compile: bool = False   # compile the token-wise layers (tinyserve.compiled.compile_token_layers)
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,9 @@ class Engine:
         if executor is None:
             if model is None:
                 raise ValueError("give a model, or an executor (e.g. a SimulatedExecutor)")
+            if config.compile:
+                from .compiled import compile_token_layers
+                compile_token_layers(model)
             executor = ModelExecutor(model, config.num_blocks, config.block_size)
         self.executor = executor
         self.context_window = context_window or (model.config.max_position_embeddings
