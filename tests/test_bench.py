@@ -76,6 +76,8 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         m = data["measurements"]
         assert m["tokens_equal"] is True and [r["batch"] for r in m["sweep"]] == [1, 2]
         assert all(r["memory_bound_ms"] > 0 and r["compute_bound_ms"] > 0 for r in m["sweep"])
+        assert [e["rows"] for e in m["engine_vs_cost_model"]] == [2, 4]
+        assert all(e["measured_ms"] > 0 and e["cost_model_ms"] > 0 for e in m["engine_vs_cost_model"])
     elif suite == "hf":
         roof = data["measurements"]["roofline"]
         assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0

@@ -81,7 +81,7 @@ def test_cuda_graphs_give_eager_tokens_on_cuda() -> None:
     want = generate_batch(model, prompts, 16)
     assert generate_compiled(model, prompts, 16) == want
     decoder = compiled_decoder(model, 2)
-    assert decoder.mode == "reduce-overhead" and decoder.cache.k.is_cuda
+    assert decoder.mode == "reduce-overhead" and decoder.cache.k[0].is_cuda
 
 
 @torch.no_grad()
