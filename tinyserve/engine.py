@@ -117,13 +117,17 @@ class ModelExecutor:
         at = torch.tensor([e for e in ends if e is not None], device=device, dtype=torch.long)
         logits = self.model(torch.tensor([ids], device=device),
                             torch.tensor([positions], device=device), self.cache, logits_at=at)[0]
+        # Greedy rows (sample()'s temperature-0 case, an argmax) are picked together: one
+        # operation and one read-back for the step instead of one per row.
+        greedy = logits.argmax(dim=-1).tolist() if len(at) else []
         out: list[int | None] = []
         j = 0
         for seq, end in zip(batch.seqs, ends):
             if end is None:
                 out.append(None)
                 continue
-            out.append(int(sample_with(logits[j:j + 1], seq.sampling, seq.generator)))
+            out.append(greedy[j] if seq.sampling.temperature == 0 else
+                       int(sample_with(logits[j:j + 1], seq.sampling, seq.generator)))
             j += 1
         return out
 
