@@ -63,6 +63,28 @@ def _hf_generate(hf: Any, ids: torch.Tensor, n: int) -> list[list[int]]:
     return out[:, ids.shape[1]:].tolist()
 
 
+def _roofline(model: TinyLlama, prompt: list[int], prompt_len: int, n_new: int, repeats: int,
+              quick: bool, compile: bool) -> tuple[float, dict[str, Any]]:
+    """Batch 1: the bytes one decode step must read over the bandwidth vs our TPOT."""
+    device = model.device
+    bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)
+    weight_bytes = model.num_parameters() * model.dtype.itemsize
+    mid_context = prompt_len + n_new // 2
+    kv_bytes = kv_bytes_for_config(model.config, mid_context, model.dtype)
+    floor = (weight_bytes + kv_bytes) / bandwidth
+    achieved = [x for x in (tpot(generate(model, prompt, n_new, compile=compile))
+                            for _ in range(repeats))
+                if x is not None]
+    achieved_s = sorted(achieved)[len(achieved) // 2]
+    print(f"\ndecode roofline, batch 1: bandwidth {bandwidth / GB:.1f} GB/s; reads "
+          f"{(weight_bytes + kv_bytes) / 1e6:.1f} MB per token -> floor {floor * 1e3:.3f} ms; "
+          f"achieved {achieved_s * 1e3:.3f} ms ({floor / achieved_s:.0%} of the bound)")
+    return floor / achieved_s, {
+        "bandwidth_gb_per_s": bandwidth / GB, "weight_bytes": weight_bytes,
+        "kv_bytes_at_mid_context": kv_bytes, "mid_context": mid_context,
+        "floor_ms_per_token": floor * 1e3, "achieved_ms_per_token": achieved_s * 1e3}
+
+
 def run(json_path: str | None = None, quick: bool = False, compile: bool = False) -> dict[str, Any]:
     import transformers
 
@@ -123,25 +145,8 @@ def run(json_path: str | None = None, quick: bool = False, compile: bool = False
     print(table(["batch", "ours s", "generate() s", "plain loop s", "ours tok/s",
                  "generate() tok/s", "generate()/ours", "ours/plain loop"], rows), flush=True)
 
-    # Roofline at batch 1: bytes one decode step must read vs the time it takes.
-    bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)
-    cfg = model.config
-    weight_bytes = model.num_parameters() * model.dtype.itemsize
-    mid_context = prompt_len + n_new // 2
-    kv_bytes = kv_bytes_for_config(cfg, mid_context, model.dtype)
-    floor = (weight_bytes + kv_bytes) / bandwidth
-    achieved = [x for x in (tpot(generate(model, prompts[0], n_new, compile=compile))
-                            for _ in range(repeats))
-                if x is not None]
-    achieved_s = sorted(achieved)[len(achieved) // 2]
-    ratios["decode_roofline_fraction"] = floor / achieved_s
-    measured["roofline"] = {"bandwidth_gb_per_s": bandwidth / GB, "weight_bytes": weight_bytes,
-                            "kv_bytes_at_mid_context": kv_bytes, "mid_context": mid_context,
-                            "floor_ms_per_token": floor * 1e3,
-                            "achieved_ms_per_token": achieved_s * 1e3}
-    print(f"\ndecode roofline, batch 1: bandwidth {bandwidth / GB:.1f} GB/s; reads "
-          f"{(weight_bytes + kv_bytes) / 1e6:.1f} MB per token -> floor {floor * 1e3:.3f} ms; "
-          f"achieved {achieved_s * 1e3:.3f} ms ({floor / achieved_s:.0%} of the bound)")
+    ratios["decode_roofline_fraction"], measured["roofline"] = _roofline(
+        model, prompts[0], prompt_len, n_new, repeats, quick, compile)
 
     data = report("hf", ratios=ratios, measurements=measured,
                   conditions={"model": name, "device": str(device), "dtype": "float32",
