@@ -198,14 +198,22 @@ def _write_submission(course: Course, name: str, student: str, source_dir: Path,
 def mutation_score(course: Course, name: str, *, sample: int | None = None, seed: int = 0,
                    workers: int | None = None, unsafe: bool = False,
                    cell_timeout: float = 60, timeout: float = 600,
-                   full_runs: bool = False) -> dict:
+                   full_runs: bool = False, cells: list[str] | None = None) -> dict:
     """Grade the solution and each mutant of ``name`` in a scratch copy of the course; returns
     {"assignment", "mutants", "killed", "score", "survivors": [...], "baseline",
-    "stopped_early"} (how many mutant runs ended at their first failed test)."""
+    "stopped_early"} (how many mutant runs ended at their first failed test). ``cells``:
+    only the mutants of these answer cells (grade ids), e.g. to re-check one cell's fix."""
     from .grade import autograde
     course.check_assignment(name)
     source_dir = course.source / name
     mutants = assignment_mutants(source_dir)
+    if cells:
+        unknown = sorted(set(cells) - {m.cell for m in mutants})
+        if unknown:
+            raise CourseError(f"{name}: no mutants in cell(s) {', '.join(unknown)[:200]}; the "
+                              f"answer cells with mutants are "
+                              f"{', '.join(sorted({m.cell for m in mutants}))[:300]}")
+        mutants = [m for m in mutants if m.cell in cells]
     total = len(mutants)
     if sample is not None and sample < total:
         mutants = random.Random(seed).sample(mutants, sample)
@@ -255,6 +263,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("assignment")
     m.add_argument("--sample", type=int, default=None, help="grade a seeded random N mutants")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--cells", default=None,
+                   help="only the mutants of these answer cells (comma-separated grade ids)")
     m.add_argument("--workers", type=int, default=None, help="parallel workers (default: CPUs)")
     m.add_argument("--cell-timeout", type=float, default=60)
     m.add_argument("--unsafe", action="store_true",
@@ -271,7 +281,8 @@ def run(course: Course, args: argparse.Namespace) -> int:
         raise CourseError(f"--sample must be at least 1, got {args.sample}")
     report = mutation_score(course, args.assignment, sample=args.sample, seed=args.seed,
                             workers=args.workers, unsafe=args.unsafe,
-                            cell_timeout=args.cell_timeout, full_runs=args.full_runs)
+                            cell_timeout=args.cell_timeout, full_runs=args.full_runs,
+                            cells=args.cells.split(",") if args.cells else None)
     sampled = f" (a sample of {report['of']})" if report["mutants"] < report["of"] else ""
     print(f"{report['assignment']}: {report['killed']}/{report['mutants']} mutants{sampled} "
           f"lose marks: mutation score {report['score']:.2f}")

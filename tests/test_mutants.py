@@ -117,6 +117,9 @@ def test_sample_is_seeded_subset(tmp_path, monkeypatch):
     assert (a["mutants"], a["of"], a["score"]) == (2, 4, 1.0)
     assert graded == [["baseline", "m0000", "m0001"]]
     assert a["stopped_early"] == 0
+    assert mutants.mutation_score(Course(tmp_path), "tiny", cells=["answer"])["mutants"] == 4
+    with pytest.raises(CourseError, match="no mutants in cell.*test_clamp.*are answer"):
+        mutants.mutation_score(Course(tmp_path), "tiny", cells=["test_clamp"])
     with pytest.raises(CourseError, match="unknown assignment"):
         mutants.mutation_score(Course(tmp_path), "nope")
 
