@@ -201,7 +201,8 @@ def mutation_score(course: Course, name: str, *, sample: int | None = None, seed
                    full_runs: bool = False, cells: list[str] | None = None) -> dict:
     """Grade the solution and each mutant of ``name`` in a scratch copy of the course; returns
     {"assignment", "mutants", "killed", "score", "survivors": [...], "baseline",
-    "stopped_early"} (how many mutant runs ended at their first failed test). ``cells``:
+    "stopped_early", "not_graded"}: how many mutant runs ended at their first failed test,
+    and the mutants killed without a grade (failed or flagged runs), with why. ``cells``:
     only the mutants of these answer cells (grade ids), e.g. to re-check one cell's fix."""
     from .grade import autograde
     course.check_assignment(name)
@@ -247,9 +248,16 @@ def mutation_score(course: Course, name: str, *, sample: int | None = None, seed
     killed = len(mutants) - len(survivors)
     stopped = sum(any(t["message"] == f"not run: {STOPPED}" for t in _tests(results[f"m{i:04d}"]))
                   for i in range(len(mutants)))
+    # Killed without a grade (the run failed or was flagged): listed, so a grader fault
+    # cannot pass for a strong test unseen.
+    not_graded = [{"cell": m.cell, "line": m.line, "change": m.change,
+                   "status": results[f"m{i:04d}"]["status"],
+                   "why": "; ".join(results[f"m{i:04d}"]["reasons"]
+                                    + results[f"m{i:04d}"]["flags"])[:300]}
+                  for i, m in enumerate(mutants) if results[f"m{i:04d}"]["status"] != "graded"]
     return {"assignment": name, "mutants": len(mutants), "of": total, "killed": killed,
             "score": killed / len(mutants), "baseline": base["score"], "survivors": survivors,
-            "stopped_early": stopped}
+            "stopped_early": stopped, "not_graded": not_graded}
 
 
 def _tests(result: dict) -> list[dict]:
@@ -288,6 +296,9 @@ def run(course: Course, args: argparse.Namespace) -> int:
           f"lose marks: mutation score {report['score']:.2f}")
     for s in report["survivors"]:
         print(f"  survived  {s['notebook']}/{s['cell']} line {s['line']}: {s['change']}")
+    for s in report["not_graded"]:
+        print(f"  {s['status']} (counted as killed)  {s['cell']} line {s['line']}: "
+              f"{s['change']}: {s['why']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0

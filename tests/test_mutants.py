@@ -85,6 +85,7 @@ def test_mutation_score_grades_each_mutant_and_names_the_survivor(tmp_path, caps
     assert (report["mutants"], report["killed"], report["score"]) == (4, 3, 0.75)
     assert report["baseline"] == 2
     assert report["stopped_early"] == 2   # the clamp_low mutants: test_square was skipped
+    assert report["not_graded"] == []
     [survivor] = report["survivors"]
     assert (survivor["cell"], survivor["line"]) == ("answer", 10)
     assert survivor["change"] == "`**` -> `*` in `return x ** 2`"
@@ -108,8 +109,10 @@ def test_sample_is_seeded_subset(tmp_path, monkeypatch):
     def fake_autograde(course, name, **kw):
         subs = sorted(p.name for p in course.submitted.iterdir())
         graded.append(subs)
-        return [{"student": s, "status": "graded", "score": 2 if s == "baseline" else 0,
-                 "reasons": [], "flags": []} for s in subs]
+        return [{"student": s, "status": "failed" if s == "m0001" else "graded",
+                 "score": 2 if s == "baseline" else 0,
+                 "reasons": ["the kernel died"] if s == "m0001" else [], "flags": []}
+                for s in subs]
 
     monkeypatch.setattr(autograder.grade, "autograde", fake_autograde)
     monkeypatch.setattr(mutants, "release", lambda course, name: None)
@@ -117,6 +120,8 @@ def test_sample_is_seeded_subset(tmp_path, monkeypatch):
     assert (a["mutants"], a["of"], a["score"]) == (2, 4, 1.0)
     assert graded == [["baseline", "m0000", "m0001"]]
     assert a["stopped_early"] == 0
+    # A mutant whose run failed counts as killed, but is listed with why.
+    assert [(n["status"], n["why"]) for n in a["not_graded"]] == [("failed", "the kernel died")]
     assert mutants.mutation_score(Course(tmp_path), "tiny", cells=["answer"])["mutants"] == 4
     with pytest.raises(CourseError, match="no mutants in cell.*test_clamp.*are answer"):
         mutants.mutation_score(Course(tmp_path), "tiny", cells=["test_clamp"])
