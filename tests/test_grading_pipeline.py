@@ -89,6 +89,9 @@ def test_feedback_names_tests_and_messages_without_leaking(mini):
     page = (mini.feedback / "cat" / "mini" / "mini.html").read_text()
     assert "test_double" in page and "test_kv_bytes" in page
     assert "expected 4" in page  # the testkit's message says what was expected
+    # The written answer's mark scheme, from the grader's copy, escaped; never in the release.
+    assert "Mark scheme" in page and "MARK_SCHEME_SENTINEL &lt;b&gt;" in page
+    assert "MARK_SCHEME_SENTINEL" not in (mini.release / "mini" / "mini.ipynb").read_text()
     secret = hidden_test_lines(mini, "mini")
     for path in mini.feedback.rglob("*.html"):
         text = path.read_text()

@@ -470,3 +470,44 @@ def test_a_policy_asked_over_the_channel_schedules_exactly_as_run_directly(count
         got_steps, over_channel = run(asked)
     assert len(direct) == 120 and over_channel == direct and got_steps == steps
     assert 0 < asked.requests < steps        # one request per step at most, none when full
+
+
+def test_feedback_shows_each_hand_graded_answers_mark_scheme_escaped():
+    """The mark scheme comes from the grader's copy (release cuts it) and appears, escaped,
+    under its answer's row after grading; answers without one and tests get none."""
+    import nbformat
+    from autograder.report import mark_schemes, render
+    task = nbformat.v4.new_markdown_cell(
+        "**2a (3 points).** Explain.\n\n### BEGIN MARK SCHEME\n*Rubric (3 points):*\n"
+        "* 1 point: names the <queue> & the prefill <script>x()</script>\n### END MARK SCHEME")
+    answer = nbformat.v4.new_markdown_cell("model answer")
+    answer.metadata = {"nbgrader": {"grade": True, "solution": True, "grade_id": "written",
+                                    "points": 3}}
+    bare = nbformat.v4.new_markdown_cell("another answer")
+    bare.metadata = {"nbgrader": {"grade": True, "solution": True, "grade_id": "bare",
+                                  "points": 1}}
+    schemes = mark_schemes(nbformat.v4.new_notebook(cells=[task, answer, bare]))
+    assert schemes == {"written": "*Rubric (3 points):*\n* 1 point: names the <queue> & the "
+                                  "prefill <script>x()</script>"}
+    nb = {"tests": [
+        {"grade_id": "test_a", "kind": "test", "max_points": 2, "points": 2, "passed": True,
+         "needs_manual_grade": False, "message": "passed"},
+        {"grade_id": "written", "kind": "manual", "max_points": 3, "points": 0,
+         "passed": False, "needs_manual_grade": True, "message": "awaiting manual grading"},
+        {"grade_id": "bare", "kind": "manual", "max_points": 1, "points": 0,
+         "passed": False, "needs_manual_grade": True, "message": "awaiting manual grading"}]}
+    page = render("ann", "mini", "mini", {"status": "graded", "reasons": []}, nb, {}, schemes)
+    assert page.count("Mark scheme") == 1
+    row = page.index("<td>written</td>")
+    assert row < page.index("Mark scheme") < page.index("<td>bare</td>")
+    assert "names the &lt;queue&gt; &amp; the prefill &lt;script&gt;" in page
+    assert "<script>" not in page
+    # The course's own notebooks: every hand-graded answer of practice has its scheme in the
+    # grader's copy, and none of it is in the release (the leak test checks every assignment).
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    practice = mark_schemes(nbformat.read(root / "solutions/practice/practice.ipynb", 4))
+    assert set(practice) == {"written_two_bars", "written_capacity", "written_speculative",
+                             "written_drill"}
+    released = (root / "exercises/practice/practice.ipynb").read_text()
+    assert all("Rubric" in s and s.splitlines()[1] not in released for s in practice.values())
