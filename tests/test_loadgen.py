@@ -107,6 +107,33 @@ def test_the_clock_starts_when_the_request_is_sent(server) -> None:
     assert created < first.start and second.start >= first.end
 
 
+def test_chat_endpoint_times_tokens_as_completions_do(server) -> None:
+    """The same prompt as one chat message: the server's template adds prompt tokens (the
+    usage chunk says how many), and every chunk is a token, timed from the send."""
+    url, _ = server
+    prompt = corpus_prompts(1, max_tokens=6)[0]
+    (done,) = run_load(url, "target", [prompt], endpoint="chat", ignore_eos=True)
+    assert done.ok and done.output_tokens == len(done.chunk_times) == 6
+    assert done.prompt_tokens > prompt.prompt_tokens and done.finish_reason == "length"
+    assert done.start < done.chunk_times[0] and done.server_timings is not None
+    with pytest.raises(ValueError, match="endpoint must be one of completions, chat"):
+        run_load(url, "target", [prompt], endpoint="responses")
+
+
+def test_control_chunks_are_not_tokens() -> None:
+    """Role-only first chunks and empty finish-only last chunks (vLLM's and transformers
+    serve's streams) carry no token; an empty text without either does (a partial character)."""
+    from tinyserve.loadgen.generator import _token_text
+    assert _token_text({"delta": {"role": "assistant"}}, chat=True) is None
+    assert _token_text({"delta": {"role": "assistant", "content": ""}}, chat=True) is None
+    assert _token_text({"delta": {}, "finish_reason": "length"}, chat=True) is None
+    assert _token_text({"delta": {"role": "assistant", "content": "Hi"}}, chat=True) == "Hi"
+    assert _token_text({"delta": {"content": ""}}, chat=True) == ""
+    assert _token_text({"text": "", "finish_reason": "length"}, chat=False) is None
+    assert _token_text({"text": " x", "finish_reason": "length"}, chat=False) == " x"
+    assert _token_text({"text": ""}, chat=False) == ""
+
+
 def test_cli_writes_the_metrics_object(server, tmp_path: Path) -> None:
     url, _ = server
     out = tmp_path / "lg.json"
