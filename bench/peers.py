@@ -22,6 +22,17 @@ Figures compared like for like (guidellm's names in ``guidellm/schemas/base/requ
   quantity. guidellm's ``time_per_output_token_ms`` is *not* our TPOT (it includes the first
   token), so it is recorded but not compared.
 
+On a shared machine the server itself runs faster or slower from one minute to the next, and
+that moves both tools' raw figures more than any difference between them. So each run is also
+referred to **the server's own view of the same requests** (its ``/metrics`` histograms,
+snapshotted just before and after the run): the **TTFT excess** (client mean TTFT - server
+mean TTFT: what the client adds, from its send to the server's arrival stamp and from the
+server's first token to the client's read) and the **occupancy** (summed server E2E / run
+time: how many requests the client kept in the server on average, which is what sets
+throughput; at concurrency c a client that loses no time between requests reaches c).
+``*_ttft_excess_ms_diff_*`` and ``*_server_occupancy_*`` compare these; they hold under load
+where the raw ones do not.
+
 **Our server vs transformers serve.** ``transformers serve --continuous-batching`` on the
 exported folder (CPU, fp32, one torch thread) and our server with prefix caching on and off,
 the same requests from our load generator (completions), at each concurrency; ratios are
@@ -57,6 +68,7 @@ MODES = ("completions", "chat")
 CONCURRENCY = (1, 4)
 REQUESTS = 16                      # per run: enough for a stable median at concurrency 1
 MODEL = "target"
+WINDOW, TEMPLATE_ROOM = 512, 16    # context window; tokens the chat template may add
 # Offline for every Hugging Face library the peers use: the exported folder is all they get.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "OMP_NUM_THREADS": "1", "GUIDELLM__LOGGING__CONSOLE_LOG_LEVEL": "WARNING"}
@@ -80,8 +92,11 @@ def missing_message(name: str) -> str:
 
 
 def workload(quick: bool) -> list[Prompt]:
-    """Harbor-shaped tickets; ``quick``: three of them with 4-token outputs."""
-    prompts = harbor_prompts(REQUESTS)
+    """Harbor-shaped tickets that fit the window with room for the chat template (the scaled
+    HT-0014 fills all 512 tokens as a completion and would get a 400 as a chat);
+    ``quick``: three of them with 4-token outputs."""
+    prompts = [p for p in harbor_prompts(2 * REQUESTS)
+               if p.prompt_tokens + p.max_tokens <= WINDOW - TEMPLATE_ROOM][:REQUESTS]
     if quick:
         return [Prompt(p.text, p.prompt_tokens, 4, p.tag) for p in prompts[:3]]
     return prompts
@@ -90,8 +105,8 @@ def workload(quick: bool) -> list[Prompt]:
 def _our_figures(results: Sequence[Result]) -> dict[str, float]:
     m = run_metrics(results)
     keep = ("failed", "duration_s", "request_throughput", "output_throughput", "p50_ttft_ms",
-            "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms",
-            "mean_output_tokens")
+            "p99_ttft_ms", "mean_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "mean_itl_ms",
+            "p99_itl_ms", "mean_output_tokens")
     return {k: m[k] for k in keep if k in m}
 
 
@@ -99,6 +114,44 @@ def _ours(url: str, prompts: Sequence[Prompt], mode: str, concurrency: int,
           ignore_eos: bool = True) -> dict[str, float]:
     return _our_figures(run_load(url, MODEL, prompts, concurrency=concurrency, endpoint=mode,
                                  ignore_eos=ignore_eos))
+
+
+def _ours_seen(url: str, prompts: Sequence[Prompt], mode: str, c: int) -> dict[str, float]:
+    """Our run, with the server's view of it."""
+    before = server_counters(url)
+    f = _ours(url, prompts, mode, c)
+    return with_server_view(f, before, server_counters(url), f["mean_ttft_ms"])
+
+
+def server_counters(url: str) -> dict[str, float]:
+    """Our server's own TTFT and E2E histogram sums and counts (``/metrics``): the difference
+    of two snapshots is what the server measured for the requests sent in between."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+    text = httpx.get(url.rstrip("/") + "/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in ("tinyserve_time_to_first_token_seconds",
+                           "tinyserve_e2e_request_latency_seconds"):
+            short = "ttft" if "first_token" in family.name else "e2e"
+            for sample in family.samples:
+                if sample.name.endswith(("_sum", "_count")):
+                    out[f"{short}{sample.name[sample.name.rindex('_'):]}"] = sample.value
+    return out
+
+
+def with_server_view(figures: dict[str, float], before: dict[str, float],
+                     after: dict[str, float], client_mean_ttft_ms: float) -> dict[str, float]:
+    """A client's figures plus what the server saw of the same requests: its mean TTFT, the
+    client's TTFT excess over it (the client's own share, whatever the machine's load), and
+    the server's occupancy (summed server E2E / run time: the mean number of requests the
+    client kept in the server; at most the concurrency)."""
+    n = after["ttft_count"] - before["ttft_count"]
+    server_ttft = 1e3 * (after["ttft_sum"] - before["ttft_sum"]) / max(n, 1)
+    busy = after["e2e_sum"] - before["e2e_sum"]
+    return {**figures, "server_mean_ttft_ms": server_ttft,
+            "ttft_excess_ms": client_mean_ttft_ms - server_ttft,
+            "server_occupancy": busy / figures["duration_s"]}
 
 
 def _bracketed(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -150,6 +203,7 @@ def guidellm_figures(report_json: dict[str, Any]) -> dict[int, dict[str, float]]
             "request_throughput": ok("requests_per_second")["mean"],
             "output_throughput": ok("output_tokens_per_second")["mean"],
             "p50_ttft_ms": ok("time_to_first_token_ms")["percentiles"]["p50"],
+            "mean_ttft_ms": ok("time_to_first_token_ms")["mean"],
             "p99_ttft_ms": ok("time_to_first_token_ms")["percentiles"]["p99"],
             "p50_ttft_ms_our_percentile": float(np.percentile(ttfts, 50)) if ttfts else None,
             "mean_itl_ms": ok("inter_token_latency_ms")["mean"],
@@ -160,36 +214,40 @@ def guidellm_figures(report_json: dict[str, Any]) -> dict[int, dict[str, float]]
 
 
 def _run_guidellm(exe: Path, url: str, hf_dir: Path, prompts: Sequence[Prompt], mode: str,
-                  work: Path) -> dict[int, dict[str, float]]:
-    data, out = work / f"data-{mode}.jsonl", work / f"guidellm-{mode}.json"
+                  concurrency: int, work: Path) -> dict[str, float]:
+    data, out = work / f"data-{mode}.jsonl", work / f"guidellm-{mode}-c{concurrency}.json"
     write_guidellm_data(prompts, data)
-    cmd = guidellm_command(exe, url, hf_dir, data, out, mode, CONCURRENCY, len(prompts))
+    cmd = guidellm_command(exe, url, hf_dir, data, out, mode, [concurrency], len(prompts))
+    before = server_counters(url)
     proc = subprocess.run(cmd, env={**os.environ, **OFFLINE_ENV}, cwd=work, capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0 or not out.exists():
         tail = (proc.stdout + proc.stderr)[-2000:]
         raise RuntimeError(f"guidellm exited with {proc.returncode}:\n{tail}")
-    return guidellm_figures(json.loads(out.read_text()))
+    f = guidellm_figures(json.loads(out.read_text()))[concurrency]
+    return with_server_view(f, before, server_counters(url), f["mean_ttft_ms"])
 
 
 def vs_guidellm(prompts: Sequence[Prompt], hf_dir: Path, work: Path, quick: bool,
                 exe: Path | None) -> dict[str, Any]:
-    """Both load generators against one server of ours, per mode and concurrency."""
+    """Both load generators against one server of ours, per mode and concurrency; our run
+    just before and just after guidellm's."""
     out: dict[str, Any] = {"requests": len(prompts), "concurrency": list(CONCURRENCY)}
     servers = local_server() if quick else server_processes(1)
     with servers as handle:
         url = handle[0]
         for mode in MODES:
             run_load(url, MODEL, prompts[:2], endpoint=mode)          # warm-up: first calls
-            before = {c: _ours(url, prompts, mode, c) for c in CONCURRENCY}
-            if exe is None:
-                out[mode] = {str(c): {"ours": before[c]} for c in CONCURRENCY}
-                continue
-            theirs = _run_guidellm(exe, url, hf_dir, prompts, mode, work)
-            after = {c: _ours(url, prompts, mode, c) for c in CONCURRENCY}
-            out[mode] = {str(c): {"ours": _bracketed(before[c], after[c]), "ours_before": before[c],
-                                  "ours_after": after[c], "guidellm": theirs[c]}
-                         for c in CONCURRENCY}
+            out[mode] = {}
+            for c in CONCURRENCY:
+                before = _ours_seen(url, prompts, mode, c)
+                if exe is None:
+                    out[mode][str(c)] = {"ours": before}
+                    continue
+                theirs = _run_guidellm(exe, url, hf_dir, prompts, mode, c, work)
+                after = _ours_seen(url, prompts, mode, c)
+                out[mode][str(c)] = {"ours": _bracketed(before, after), "ours_before": before,
+                                     "ours_after": after, "guidellm": theirs}
     return out
 
 
@@ -208,6 +266,11 @@ def guidellm_ratios(cmp: dict[str, Any]) -> dict[str, float]:
                 ours["output_throughput"] / theirs["output_throughput"]
             ratios[f"loadgen_vs_guidellm_mean_itl_{key}"] = \
                 ours["mean_itl_ms"] / theirs["mean_itl_ms"]
+            # The same two, referred to the server's own view of each run (robust to load).
+            ratios[f"loadgen_vs_guidellm_ttft_excess_ms_diff_{key}"] = \
+                ours["ttft_excess_ms"] - theirs["ttft_excess_ms"]
+            ratios[f"loadgen_vs_guidellm_server_occupancy_{key}"] = \
+                ours["server_occupancy"] / theirs["server_occupancy"]
     return ratios
 
 
@@ -281,7 +344,7 @@ def transformers_ratios(cmp: dict[str, Any]) -> dict[str, float]:
 # ---- the suite ---------------------------------------------------------------------------
 
 GUIDELLM_COLUMNS = ("mode", "users", "tool", "TTFT p50 ms", "TTFT p99 ms", "out tok/s",
-                    "mean ITL ms", "failed")
+                    "mean ITL ms", "server TTFT ms", "TTFT excess ms", "occupancy", "failed")
 
 
 def _guidellm_rows(cmp: dict[str, Any]) -> list[list[Any]]:
@@ -292,7 +355,8 @@ def _guidellm_rows(cmp: dict[str, Any]) -> list[list[Any]]:
                 if tool in ("ours", "guidellm"):
                     rows.append([mode, c, "loadgen" if tool == "ours" else tool, f["p50_ttft_ms"],
                                  f["p99_ttft_ms"], f["output_throughput"],
-                                 f.get("mean_itl_ms", "-"), f["failed"]])
+                                 f.get("mean_itl_ms", "-"), f["server_mean_ttft_ms"],
+                                 f["ttft_excess_ms"], f["server_occupancy"], f["failed"]])
     return rows
 
 
@@ -322,8 +386,9 @@ def run(json_path: str | None = None, quick: bool = False,
     with tempfile.TemporaryDirectory(prefix="tinyserve-peers-") as tmp:
         work = Path(tmp)
         hf_dir = work / "hf"
-        from tinyserve.hf_export import export_hf
-        export_hf(hf_dir, MODEL)
+        if any(exe is not None for exe in exes.values()):   # the peers' model and tokenizer
+            from tinyserve.hf_export import export_hf
+            export_hf(hf_dir, MODEL)
         if "guidellm" in peers:
             print("our load generator and guidellm against one server of ours:", flush=True)
             cmp = vs_guidellm(prompts, hf_dir, work, quick, exes["guidellm"])

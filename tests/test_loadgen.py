@@ -121,8 +121,8 @@ def test_chat_endpoint_times_tokens_as_completions_do(server) -> None:
 
 
 def test_control_chunks_are_not_tokens() -> None:
-    """Role-only first chunks and empty finish-only last chunks (vLLM's and transformers
-    serve's streams) carry no token; an empty text without either does (a partial character)."""
+    """Role-only first chunks and empty finish-only last chunks (transformers serve's
+    streams) carry no token; an empty text without either does (a partial character)."""
     from tinyserve.loadgen.generator import _token_text
     assert _token_text({"delta": {"role": "assistant"}}, chat=True) is None
     assert _token_text({"delta": {"role": "assistant", "content": ""}}, chat=True) is None

@@ -53,6 +53,9 @@ def test_missing_peer_is_named_with_its_make_target(tmp_path: Path, monkeypatch,
             row = cmp[mode][str(c)]
             assert set(row) == {"ours"} and row["ours"]["failed"] == 0
             assert row["ours"]["p50_ttft_ms"] > 0 and row["ours"]["output_throughput"] > 0
+            # the server's own view of the same requests: it stamps arrival after our send
+            assert 0 < row["ours"]["server_mean_ttft_ms"] < row["ours"]["mean_ttft_ms"]
+            assert 0 < row["ours"]["server_occupancy"] <= c
 
 
 def test_bad_arguments_get_clear_errors(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,13 +73,22 @@ def test_guidellm_report_is_read_like_for_like() -> None:
     assert f["mean_itl_ms"] == 9.5 and f["failed"] == 0 and f["completed"] == 2
     # Its per-request TTFTs (12 and 16 ms) through our percentile: the median is 14 ms.
     assert f["p50_ttft_ms_our_percentile"] == pytest.approx(14.0)
-    ours = {"p50_ttft_ms": 15.5, "output_throughput": 19.0, "mean_itl_ms": 9.5}
+    # The server saw 10 ms of TTFT and 3.6 s of E2E over guidellm's 4 s run.
+    f = peers.with_server_view(f, {"ttft_sum": 1.0, "ttft_count": 5, "e2e_sum": 2.0},
+                               {"ttft_sum": 1.02, "ttft_count": 7, "e2e_sum": 5.6},
+                               f["mean_ttft_ms"])
+    assert f["server_mean_ttft_ms"] == pytest.approx(10.0)
+    assert f["ttft_excess_ms"] == pytest.approx(4.0) and f["server_occupancy"] == pytest.approx(0.9)
+    ours = {"p50_ttft_ms": 15.5, "output_throughput": 19.0, "mean_itl_ms": 9.5,
+            "ttft_excess_ms": 5.0, "server_occupancy": 0.99}
     cmp = {mode: {str(c): {"ours": ours, "guidellm": f} for c in peers.CONCURRENCY}
            for mode in peers.MODES}
     r = peers.guidellm_ratios(cmp)
     assert r["loadgen_vs_guidellm_ttft_p50_ms_diff_chat_c1"] == pytest.approx(1.5)
     assert r["loadgen_vs_guidellm_throughput_completions_c4"] == pytest.approx(0.95)
     assert r["loadgen_vs_guidellm_mean_itl_completions_c1"] == pytest.approx(1.0)
+    assert r["loadgen_vs_guidellm_ttft_excess_ms_diff_chat_c4"] == pytest.approx(1.0)
+    assert r["loadgen_vs_guidellm_server_occupancy_chat_c1"] == pytest.approx(1.1)
 
 
 def test_guidellm_gets_the_same_workload(tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ Endpoints: ``endpoint="completions"`` posts the prompt text to ``/v1/completions
 ``endpoint="chat"`` posts it as one user message to ``/v1/chat/completions`` (the server
 applies its chat template, so the prompt tokens come from the usage chunk) with the cap as
 ``max_completion_tokens``. A streamed chunk counts as a token unless it is a control chunk
-without text: a role-only first chunk (vLLM's and ``transformers serve``'s chat streams) or an
-empty last chunk that only carries the finish reason (``transformers serve``'s), so TTFT and
-the gaps are those of tokens on every server.
+without text: a role-only first chunk or an empty last chunk that only carries the finish
+reason (``transformers serve`` 5.24 sends both; ours puts the role and the finish reason on
+token chunks), so TTFT and the gaps are those of tokens on either server.
 
 Output lengths: by default a request stops at ``<|end|>``, so its ``max_tokens`` is a cap, and
 the report uses the *real* output lengths from the final usage chunk. ``ignore_eos=True``
