@@ -121,17 +121,40 @@ def test_chat_endpoint_times_tokens_as_completions_do(server) -> None:
 
 
 def test_control_chunks_are_not_tokens() -> None:
-    """Role-only first chunks and empty finish-only last chunks (transformers serve's
-    streams) carry no token; an empty text without either does (a partial character)."""
-    from tinyserve.loadgen.generator import _token_text
+    """A role-only first chunk carries no token; an empty text does (a partial character);
+    an empty finish-only last chunk is a token only when the usage counts one more token than
+    the chunks so far (transformers serve sends it after its tokens, a server may also put a
+    stop token there)."""
+    import asyncio
+
+    import httpx
+
+    from tinyserve.loadgen.generator import _token_text, send
     assert _token_text({"delta": {"role": "assistant"}}, chat=True) is None
     assert _token_text({"delta": {"role": "assistant", "content": ""}}, chat=True) is None
-    assert _token_text({"delta": {}, "finish_reason": "length"}, chat=True) is None
     assert _token_text({"delta": {"role": "assistant", "content": "Hi"}}, chat=True) == "Hi"
     assert _token_text({"delta": {"content": ""}}, chat=True) == ""
-    assert _token_text({"text": "", "finish_reason": "length"}, chat=False) is None
-    assert _token_text({"text": " x", "finish_reason": "length"}, chat=False) == " x"
     assert _token_text({"text": ""}, chat=False) == ""
+
+    def stream(usage_tokens: int) -> bytes:
+        chunks = [{"choices": [{"delta": {"role": "assistant"}}]},
+                  {"choices": [{"delta": {"content": "a"}}]},
+                  {"choices": [{"delta": {"content": "b"}}]},
+                  {"choices": [{"delta": {}, "finish_reason": "stop"}],
+                   "usage": {"completion_tokens": usage_tokens, "prompt_tokens": 3}}]
+        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + \
+            b"data: [DONE]\n\n"
+
+    async def one(usage_tokens: int):
+        transport = httpx.MockTransport(lambda request: httpx.Response(
+            200, content=stream(usage_tokens), headers={"content-type": "text/event-stream"}))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await send(client, "http://peer", "m", Prompt("x", 1, 3), endpoint="chat")
+
+    after_tokens, stop_token = asyncio.run(one(2)), asyncio.run(one(3))
+    assert after_tokens.ok and len(after_tokens.chunk_times) == after_tokens.output_tokens == 2
+    assert stop_token.ok and len(stop_token.chunk_times) == stop_token.output_tokens == 3
+    assert after_tokens.text == stop_token.text == "ab" and stop_token.finish_reason == "stop"
 
 
 def test_cli_writes_the_metrics_object(server, tmp_path: Path) -> None:

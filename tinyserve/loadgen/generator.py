@@ -24,9 +24,10 @@ Endpoints: ``endpoint="completions"`` posts the prompt text to ``/v1/completions
 ``endpoint="chat"`` posts it as one user message to ``/v1/chat/completions`` (the server
 applies its chat template, so the prompt tokens come from the usage chunk) with the cap as
 ``max_completion_tokens``. A streamed chunk counts as a token unless it is a control chunk
-without text: a role-only first chunk or an empty last chunk that only carries the finish
-reason (``transformers serve`` 5.24 sends both; ours puts the role and the finish reason on
-token chunks), so TTFT and the gaps are those of tokens on either server.
+without text: a role-only first chunk, or an empty last chunk that only carries the finish
+reason when the usage chunk shows it is not a token (``transformers serve`` 5.24 sends both
+after its tokens; ours puts the role and the finish reason on token chunks), so TTFT and the
+gaps are those of tokens on either server.
 
 Output lengths: by default a request stops at ``<|end|>``, so its ``max_tokens`` is a cap, and
 the report uses the *real* output lengths from the final usage chunk. ``ignore_eos=True``
@@ -110,19 +111,23 @@ def request_body(model: str, prompt: Prompt, endpoint: str = "completions",
 
 def _token_text(choice: dict[str, Any], chat: bool) -> str | None:
     """The text a streamed choice carries, or None when the chunk is no token: a chat chunk
-    with a role and no content (the first chunk some servers send), or an empty chunk that
-    only carries the finish reason (the last one some servers send). An empty text with
-    neither is a token (one whose bytes do not yet make a character)."""
+    with a role and no content (the first chunk some servers send). An empty text is a
+    token (one whose bytes do not yet make a character, or a stop token), except in an empty
+    chunk that only carries the finish reason: :func:`send` counts that one only when the
+    usage says a token is missing (some servers send it after the last token, others put the
+    stop token there)."""
     if chat:
         delta = choice.get("delta") or {}
         text = delta.get("content")
-        control = text is None or "role" in delta
-    else:
-        text = choice.get("text")
-        control = text is None
-    if not text and (control or choice.get("finish_reason")):
-        return None
-    return text or ""
+        if not text and (text is None or "role" in delta) and not choice.get("finish_reason"):
+            return None
+        return text or ""
+    return choice.get("text") or ""
+
+
+def _is_finish_only(choice: dict[str, Any], chat: bool) -> bool:
+    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+    return not text and bool(choice.get("finish_reason"))
 
 
 async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
@@ -147,6 +152,7 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
         sent = True
         res.start = time.perf_counter()
 
+    finish_time: float | None = None     # arrival of an empty finish-only chunk, if any
     try:
         async with client.stream("POST", base_url.rstrip("/") + ENDPOINTS[endpoint],
                                  json=body, extensions={"trace": on_send}) as r:
@@ -172,7 +178,9 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
                     choice = chunk["choices"][0]
                     res.finish_reason = choice.get("finish_reason") or res.finish_reason
                     text = _token_text(choice, chat)
-                    if text is not None:
+                    if _is_finish_only(choice, chat):
+                        finish_time = now      # a token only if the usage is short of one
+                    elif text is not None:
                         res.chunk_times.append(now)
                         pieces.append(text)
                 if chunk.get("usage"):
@@ -184,6 +192,8 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
         res.error = f"{type(e).__name__}: {e}"
         res.end = time.perf_counter()
         return res
+    if finish_time is not None and res.output_tokens > len(res.chunk_times):
+        res.chunk_times.append(finish_time)
     res.end = res.chunk_times[-1] if res.chunk_times else time.perf_counter()
     res.output_tokens = res.output_tokens or len(res.chunk_times)
     res.ok = bool(res.chunk_times)
