@@ -114,6 +114,10 @@ MISTAKES = [
      "def serve(requests, weights, cfg, cache, static=False):\n"
      "    return _solution_serve(requests, weights, cfg, cache, True)",
      "that is static batching"),
+    # A later part that builds on a wrong earlier one says so.
+    ("test_generate_static", PAD.format(**dict(GOOD_PAD, row="list(p) + [pad_id] * (T - len(p))")),
+     "fix parts 1 and 2 first"),
+    ("test_serve", SLOT.format(position="cache.lengths[s] + 1"), "fix part 4 first"),
     ("test_generate_static",
      "def generate_static(prompts, n, weights, cfg):\n"
      "    from tinyserve.generate import generate_batch\n"
