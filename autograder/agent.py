@@ -21,6 +21,7 @@ from .wire import Decoder, Encoder, WireError, allowed_class, class_path, object
     rebuild
 
 _objects: dict[int, object] = {}     # handle id -> object kept alive for the runner
+_constants: dict[int, tuple] = {}    # number -> (tensor, its version): the tests' constants
 _tagged: dict[int, object] = {}      # id(rebuilt trusted object) -> its tag, for this call
 _by_tag: dict[int, object] = {}      # tag -> rebuilt object, so the same tag is one object
 
@@ -35,13 +36,13 @@ def _user_ns() -> dict:
     return sys.modules["__main__"].__dict__
 
 
-def _handle(obj, depth):
+def _handle(obj, depth, encoder):
     if id(obj) in _tagged:
         return {"$tag": _tagged[id(obj)]}
     if object_fields(obj) is not None:  # a course object (an EngineConfig, a policy) the
         try:                            # answer built: its fields, as data, are the answer
             fields = object_fields(obj)
-            return {"$o": [class_path(type(obj)), _encoder.encode(fields, depth + 1), 0]}
+            return {"$o": [class_path(type(obj)), encoder.encode(fields, depth + 1), 0]}
         except (WireError, TypeError, RecursionError):
             pass  # a field that is not data: the object stays here, as a handle
     _objects[id(obj)] = obj
@@ -81,12 +82,10 @@ def _state(obj) -> dict | None:
     names += [n for klass in cls.__mro__[:-1] for n, v in vars(klass).items()
               if type(v) is property and not n.startswith("__")]
     for name in names:
-        try:
-            text = _encoder.dumps(getattr(obj, name))
+        try:  # the snapshot's encoder gives up on a large value before copying it (a model)
+            out[name] = _snapshot.dumps(getattr(obj, name))
         except Exception:  # noqa: BLE001 - read again, alone, when the test asks
             continue
-        if len(text) <= SNAPSHOT_ITEM_BYTES:
-            out[name] = text
     return out
 
 
@@ -105,8 +104,24 @@ def _lookup(ref, _name="", _methods=None):
     return _objects[ref]
 
 
-_encoder = Encoder(_handle)
-_decoder = Decoder(_lookup, _rebuild)
+class _Stale(Exception):
+    """A constant the runner thinks is here is not, or the student's code changed it in place:
+    the runner sends the request again with the constants' bytes."""
+
+
+def _constant(number: int, value):
+    if value is not None:
+        _constants[number] = (value, value._version)
+        return value
+    kept = _constants.get(number)
+    if kept is None or kept[0]._version != kept[1]:
+        raise _Stale()
+    return kept[0]
+
+
+_encoder = Encoder(lambda obj, depth: _handle(obj, depth, _encoder))
+_snapshot = Encoder(lambda obj, depth: _handle(obj, depth, _snapshot), limit=SNAPSHOT_ITEM_BYTES)
+_decoder = Decoder(_lookup, _rebuild, on_constant=_constant)
 _MISSING = object()
 
 
@@ -127,6 +142,11 @@ def _apply(req: dict):
         args = _decoder.decode(req.get("args", []))
         kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
         return target(*args, **kwargs)
+    if op == "map":
+        # Many calls of one function in one request (a seeded distribution test's trials):
+        # the first exception ends it, as it would end the tests' own loop.
+        calls = _decoder.decode(req.get("calls", []))
+        return [target(*args, **kwargs) for args, kwargs in calls]
     if op == "callattr":
         args = _decoder.decode(req.get("args", []))
         kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
@@ -211,6 +231,8 @@ def serve(request: str) -> str:
             return ('{"ok":' + _encoder.dumps(value.value) + ',"state":'
                     + _encoder.dumps(state) + "}")
         return '{"ok":' + _encoder.dumps(value) + "}"
+    except _Stale:
+        return '{"stale":true}'
     except BaseException as e:  # noqa: BLE001 - the student's error is the answer
         if isinstance(e, KeyboardInterrupt):
             raise  # the runner's timeout interrupt: let ipykernel report it

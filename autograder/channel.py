@@ -22,11 +22,26 @@ The channel
     ====================  ===========================================================
     name NAME             the value the student's namespace binds to NAME
     call REF ARGS KWARGS  call a student function / method / class
+    callattr REF NAME ..  call a method of a student object; the reply carries the
+                          object's attributes after the call (a snapshot, see Remote)
+    map REF CALLS         call a student function once per [ARGS, KWARGS] in CALLS, in
+                          one request (a distribution test's trials: ``call_each``)
     getattr REF NAME      an attribute of a student object (setattr, getitem,
                           setitem, len, list, contains: the same for the others)
     ====================  ===========================================================
 
-    reply: ``{"ok": VALUE}``, ``{"missing": true}`` or ``{"error": [module, type, message]}``.
+    reply: ``{"ok": VALUE}``, ``{"missing": true}``, ``{"error": [module, type, message]}``
+    or ``{"stale": true}`` (see constants).
+
+Constants
+    Large tensors bound by read-only cells (the shipped weights: 21 MB) would cross by value
+    on every call that passes them. The runner numbers each one; the first request that
+    passes it carries its bytes (``$cset``), later ones only its number (``$c``), and the
+    kernel keeps the tensor with its version counter. When the kernel no longer holds it as
+    sent (the student's code changed it in place, or dropped the agent's table), it answers
+    ``stale`` and the runner sends the request again with the bytes, so a call always gets
+    the tests' value. Only the student's own later calls could see a change made in place,
+    as in any notebook; the tests' references never do.
 
 How names resolve
     The test namespace holds what the read-only cells bind (they run here *and* in the
@@ -52,6 +67,7 @@ Why a submission cannot forge a verdict
 from __future__ import annotations
 
 import builtins
+import sys
 import time
 
 from .wire import MAX_MESSAGE_BYTES, Decoder, Encoder, WireError, allowed_class, class_path, \
@@ -181,7 +197,8 @@ class Channel:
         self.epoch = 0   # bumped by every request that may run student code
         self._remotes: dict[int, Remote] = {}
         self._tags: dict[int, object] = {}
-        self._encoder = Encoder(self._encode_other)
+        self.constants = Constants()
+        self._encoder = Encoder(self._encode_other, on_tensor=self.constants.node)
         self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
     # encoding ------------------------------------------------------------------------------
@@ -208,19 +225,27 @@ class Channel:
 
     # requests ------------------------------------------------------------------------------
     def request(self, op: str, **fields):
-        encoded = {k: (v if k in ("ref", "name") else self._encoder.encode(v))
-                   for k, v in fields.items()}
-        import json
-        text = json.dumps({"op": op, **encoded}, separators=(",", ":"))
         self.calls += 1
         if op not in ("state", "name"):
             self.epoch += 1
         try:
-            reply = self._roundtrip(text)
+            reply = self._roundtrip(self._encode_request(op, fields))
+            if reply == '{"stale":true}':   # a constant the kernel lost: send its bytes
+                self.constants.forget_sent()
+                reply = self._roundtrip(self._encode_request(op, fields))
+            self.constants.confirm()
             target = self._remotes.get(fields["ref"]) if op == "callattr" else None
             return self._answer(reply, target)
         finally:
             self._tags.clear()
+
+    def _encode_request(self, op: str, fields: dict) -> str:
+        import json
+        self._tags.clear()
+        self.constants.begin()
+        encoded = {k: (v if k in ("ref", "name") else self._encoder.encode(v))
+                   for k, v in fields.items()}
+        return json.dumps({"op": op, **encoded}, separators=(",", ":"))
 
     def _roundtrip(self, text: str) -> str:
         remaining = self.deadline - time.monotonic()
@@ -302,6 +327,69 @@ class Channel:
             exc = StudentError(f"{name}: {message}")
         exc.autograder_student = name  # marks the error as the student's, for feedback
         return exc
+
+
+class Constants:
+    """The tests' large constant tensors: sent to the kernel once, then by number.
+
+    A tensor is registered when a read-only cell binds it (alone, or as a value of a dict or
+    list it binds); it keeps its number while it is the same object at the same version
+    (an in-place change on this side makes it a new constant)."""
+
+    MIN_BYTES = 65536
+
+    def __init__(self) -> None:
+        self._kept: dict[int, list] = {}   # id -> [tensor, version, number]
+        self._sent: set[int] = set()       # numbers the kernel confirmed
+        self._pending: set[int] = set()    # numbers sent with bytes in the current request
+        self._next = 0
+
+    def register(self, value) -> None:
+        items = (value.values() if type(value) is dict
+                 else value if type(value) in (list, tuple) else (value,))
+        torch = sys.modules.get("torch")
+        for t in items:
+            if torch is not None and type(t) in (torch.Tensor, torch.nn.Parameter) \
+                    and t.numel() * t.element_size() >= self.MIN_BYTES:
+                self._next += 1
+                self._kept[id(t)] = [t, t._version, self._next]
+
+    def node(self, t):
+        kept = self._kept.get(id(t))
+        if kept is None or kept[0] is not t:
+            return None
+        if kept[1] != t._version:           # changed in place here: a new constant
+            self._next += 1
+            kept[1:] = [t._version, self._next]
+        number = kept[2]
+        if number in self._sent:
+            return {"$c": number}
+        from .wire import _tensor_bytes
+        self._pending.add(number)
+        return {"$cset": [number, {"$tensor": list(_tensor_bytes(t))}]}
+
+    def begin(self) -> None:
+        self._pending = set()
+
+    def confirm(self) -> None:
+        self._sent |= self._pending
+        self._pending = set()
+
+    def forget_sent(self) -> None:
+        self._sent.clear()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+def call_each(fn, calls: list) -> list:
+    """``[fn(*args) for args in calls]``; for a function of the student's, one request."""
+    if type(fn) is not Remote:
+        return [fn(*args) for args in calls]
+    got = fn._ch.request("map", ref=fn._ref, calls=[[list(args), {}] for args in calls])
+    if type(got) is not list or len(got) != len(calls):
+        raise StudentError(f"the kernel answered {len(calls)} calls with something else")
+    return got
 
 
 def _rebuild_answer(path: str, fields, _tag):

@@ -226,6 +226,8 @@ class _Run:
         finally:
             cell.source = original
         result = self.report.cells[index] = _result(self.replies.get(index), cell)
+        if result.status == "error" and result.ename != "AssertionError":
+            result.student = True   # raised in the kernel: the student's code, or reached by it
         if result.status == "timeout":
             if not _probe(client, "pass", timeout=self.interrupt_grace):
                 self.stop_reason = (f"{label} ran longer than {client.timeout} s and ignored "

@@ -3,7 +3,9 @@
 Feedback is built from the result records and the gradebook, never from the autograded
 notebook: it lists each graded cell by name with its points and, for failures, the assertion
 message (which says what was expected). No test source, hidden or visible, and no traceback
-reaches a student.
+reaches a student. Under each answer graded by hand it shows that answer's mark scheme, taken
+from the grader's copy (the source notebook; release cuts mark-scheme regions, so learners
+first see a rubric here, after grading), escaped like every other text on the page.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from .course import Course
 from .grade import load_results
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_MARK_SCHEME = re.compile(r"### BEGIN MARK SCHEME[ \t]*\n?(.*?)### END MARK SCHEME", re.S)
+MARK_SCHEME_CAP = 4000   # characters: a rubric is a few hundred; the cap only bounds the page
 EXPORT_COLUMNS = ["student", "assignment", "score", "max_score", "status", "reason"]
 
 
@@ -90,26 +94,57 @@ def _num(x) -> float | str:
     return "" if x is None else round(float(x), 4)
 
 
+def mark_schemes(source_nb) -> dict[str, str]:
+    """grade_id of each answer graded by hand -> its mark scheme in the grader's copy: the
+    mark-scheme region of the cell above the answer (where the course puts rubrics, see
+    tests/exercise_checks.py) or of the answer cell itself."""
+    out: dict[str, str] = {}
+    cells = source_nb.cells
+    for i, cell in enumerate(cells):
+        m = cell.get("metadata", {}).get("nbgrader", {})
+        if not (m.get("grade") and m.get("solution")):
+            continue
+        for near in (cell, cells[i - 1]) if i else (cell,):
+            found = _MARK_SCHEME.findall(near.source)
+            if found:
+                out[m["grade_id"]] = "\n".join(t.strip() for t in found)[:MARK_SCHEME_CAP]
+                break
+    return out
+
+
+def _schemes_of(course: Course, assignment: str, nb_name: str) -> dict[str, str]:
+    import nbformat
+    path = course.source / assignment / f"{nb_name}.ipynb"
+    return mark_schemes(nbformat.read(path, as_version=4)) if path.is_file() else {}
+
+
 def feedback(course: Course, assignment: str, students: list[str] | None = None) -> list[Path]:
     """Write grading/feedback/STUDENT/ASSIGNMENT/NOTEBOOK.html for each graded student."""
     results = load_results(course, assignment)
     scores = gradebook_scores(course, assignment)
     written = []
+    schemes: dict[str, dict[str, str]] = {}
     for student, r in sorted(results.items()):
         if students and student not in students:
             continue
         folder = course.feedback / student / assignment
         folder.mkdir(parents=True, exist_ok=True)
         for nb_name, nb in r.get("notebooks", {}).items():
-            page = render(student, assignment, nb_name, r, nb, scores.get(student, {}))
+            if nb_name not in schemes:
+                schemes[nb_name] = _schemes_of(course, assignment, nb_name)
+            page = render(student, assignment, nb_name, r, nb, scores.get(student, {}),
+                          schemes[nb_name])
             path = folder / f"{nb_name}.html"
             path.write_text(clean(page), encoding="utf-8")
             written.append(path)
     return written
 
 
-def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: dict) -> str:
+def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: dict,
+           schemes: dict[str, str] | None = None) -> str:
+    """The feedback page; ``schemes`` maps a hand-graded answer to its mark scheme."""
     e = html.escape
+    schemes = schemes or {}
     cells = gb.get("cells", {})
     rows = []
     total = max_total = 0.0
@@ -130,6 +165,9 @@ def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: d
         rows.append(f"<tr class='{result}'><td>{e(t['grade_id'])}</td><td>{e(t['kind'])}</td>"
                     f"<td>{_num(points)} / {_num(t['max_points'])}</td><td>{result}</td>"
                     f"<td>{e(msg)}</td></tr>")
+        if t["kind"] == "manual" and t["grade_id"] in schemes:
+            rows.append(f"<tr class='scheme'><td></td><td colspan='4'><b>Mark scheme</b>"
+                        f"<pre>{e(schemes[t['grade_id']])}</pre></td></tr>")
     notes = [n for n in r.get("reasons", []) if not n.startswith("kernel log")]
     pending = sum(t["max_points"] for t in nb.get("tests", []) if t["kind"] == "manual"
                   and t["needs_manual_grade"] and not cells.get(t["grade_id"], {}).get("manual"))
@@ -142,7 +180,8 @@ def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: d
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)}: {e(student)}</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
 td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}}
-.pass td:nth-child(4){{color:#080}} .fail td:nth-child(4){{color:#b00}}</style></head><body>
+.pass td:nth-child(4){{color:#080}} .fail td:nth-child(4){{color:#b00}}
+.scheme pre{{white-space:pre-wrap;margin:.3em 0}}</style></head><body>
 <h1>{e(title)}</h1>
 <p>Student: <b>{e(student)}</b>. Status: <b>{e(status)}</b>.
 Score: <b>{_num(total)} / {_num(max_total)}</b>{e(provisional)}.</p>

@@ -259,5 +259,13 @@ def check(condition: bool, *, name: str, message: str) -> None:
         _fail(name, message)
 
 
+def call_each(fn: object, calls: list) -> list:
+    """``[fn(*args) for args in calls]``. At grading, where ``fn`` is the learner's function
+    reached over the trusted runner's channel, all the calls go in one request, so a seeded
+    distribution test of thousands of trials costs one round trip, not thousands."""
+    from .channel import call_each as _each
+    return _each(fn, calls)
+
+
 # Code objects of the public helpers, to notice when a submission swaps them out.
 _CODE = {f.__name__: f.__code__ for f in (check_close, check_equal, check)}

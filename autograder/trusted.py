@@ -55,10 +55,15 @@ class TrustedRunner:
     def run_setup(self, cell: nbformat.NotebookNode, label: str) -> str:
         """Run a read-only cell here as well; returns a problem to report, or ''."""
         out = _CappedText()
+        before = {k: id(v) for k, v in dict.items(self.ns)}
         try:
             code = compile(to_python(cell.source), f"<{label}>", "exec")
             with self._inside(out):
                 exec(code, self.ns)
+            # What it bound (the shipped weights) crosses to the kernel once, then by number.
+            for name, value in list(dict.items(self.ns)):
+                if before.get(name) != id(value):
+                    self.channel.constants.register(value)
         except (StudentTimeout, KernelLost) as e:
             return f"{label} (read-only) called your code, which failed: {e}"
         except Exception as e:  # noqa: BLE001 - reported, never fatal

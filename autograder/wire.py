@@ -21,6 +21,10 @@ array                                   list
 ``{"$o": [class path, fields, tag]}``   a trusted-side object of an allowed package,
                                         rebuilt from its fields (tinyserve dataclasses)
 ``{"$tag": n}``                         that same object, handed back
+``{"$cset": [n, tensor]}``              a large constant tensor of the tests (a read-only
+                                        cell's binding, such as the shipped weights),
+                                        kept by the kernel under number n
+``{"$c": n}``                           that constant again, without its bytes
 =====================================  ==============================================
 
 The decoder builds only the types in the table: an ``int`` subclass with an ``__eq__``
@@ -86,14 +90,29 @@ class Encoder:
     turns it into a handle, the trusted side into an ``$o`` node or an error.
     """
 
-    def __init__(self, on_other):
+    def __init__(self, on_other, on_tensor=None, limit: int | None = None):
         self.on_other = on_other
+        # on_tensor(t) -> a node or None: the trusted side's constants (sent once, then by
+        # number). limit: the most tensor/bytes/str payload one encode() may hold, checked
+        # before any copying, so an oversized value costs nothing (the kernel's snapshots).
+        self.on_tensor, self.limit, self._room = on_tensor, limit, 0
+
+    def _spend(self, n: int) -> None:
+        if self.limit is not None:
+            self._room -= n
+            if self._room < 0:
+                raise WireError(f"a value over {self.limit} bytes")
 
     def encode(self, obj, depth: int = 0):
+        if depth == 0:
+            self._room = self.limit or 0
         if depth > MAX_DEPTH:
             raise WireError(f"a value nested deeper than {MAX_DEPTH} levels")
         t = type(obj)
+        self._spend(8)
         if obj is None or t is bool or t is str:
+            if t is str:
+                self._spend(len(obj))
             return obj
         if t is int or t is float:
             return obj
@@ -109,13 +128,16 @@ class Encoder:
         if t is collections.deque:
             return {"$deque": [self.encode(x, depth + 1) for x in obj]}
         if t is bytes:
+            self._spend(len(obj))
             return {"$b": base64.b64encode(obj).decode()}
         if t is slice or t is range:
             return {"$slice" if t is slice else "$range":
                     [self.encode(x, depth + 1) for x in (obj.start, obj.stop, obj.step)]}
         torch = sys.modules.get("torch")
         if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
-            return {"$tensor": list(_tensor_bytes(obj))}
+            self._spend(obj.numel() * obj.element_size())
+            node = self.on_tensor(obj) if self.on_tensor is not None else None
+            return node if node is not None else {"$tensor": list(_tensor_bytes(obj))}
         if torch is not None and t is torch.device:
             return {"$device": str(obj)}
         if torch is not None and t is torch.dtype:
@@ -123,6 +145,7 @@ class Encoder:
         np = sys.modules.get("numpy")
         if np is not None:
             if t is np.ndarray and not obj.dtype.hasobject:
+                self._spend(obj.nbytes)
                 return {"$nd": [obj.dtype.str, list(obj.shape),
                                 base64.b64encode(np.ascontiguousarray(obj).tobytes()).decode()]}
             if t in (np.float64, np.float32, np.float16, np.int64, np.int32, np.int16,
@@ -137,8 +160,9 @@ class Encoder:
 class Decoder:
     """Turn JSON nodes back into values; ``on_handle`` and ``on_object`` build references."""
 
-    def __init__(self, on_handle, on_object=None, on_tag=None):
+    def __init__(self, on_handle, on_object=None, on_tag=None, on_constant=None):
         self.on_handle, self.on_object, self.on_tag = on_handle, on_object, on_tag
+        self.on_constant = on_constant  # (n, tensor or None) -> the kernel's kept constant
 
     def loads(self, text: str):
         if len(text) > MAX_MESSAGE_BYTES:
@@ -198,6 +222,13 @@ class Decoder:
             return self.on_object(str(body[0]), self.decode(body[1], d), body[2])
         if tag == "$tag" and self.on_tag is not None:
             return self.on_tag(body)
+        if tag == "$cset" and self.on_constant is not None:
+            value = self.decode(body[1], d)
+            if type(value) is not __import__("torch").Tensor:
+                raise WireError("a constant is a tensor")
+            return self.on_constant(int(body[0]), value)
+        if tag == "$c" and self.on_constant is not None:
+            return self.on_constant(int(body), None)
         raise WireError(f"malformed message (node {str(tag)[:20]!r})")
 
 

@@ -192,7 +192,15 @@ def failure_message(r) -> str:
         return f"not answered yet: {r.evalue}"
     if r.ename == "AssertionError" and not r.student:
         return r.evalue
-    return f"your code raised {r.ename}: {r.evalue[:300]}"
+    if r.student:
+        return f"your code raised {r.ename}: {r.evalue[:300]}"
+    if r.ename == "KernelDied":
+        return f"your kernel stopped: {r.evalue[:300]}"
+    # Raised by the test's own code (trusted side), not inside a call to yours: say so, so
+    # the learner does not hunt for an error their code never raised.
+    return (f"the test itself raised {r.ename}: {r.evalue[:300]} (not an error of your code; "
+            "it may be a value of a type the test did not expect: check what your answer "
+            "returns, or ask your instructor)")
 
 
 def runtime_flags(report: RunReport, tests: list[dict]) -> list[str]:
@@ -271,24 +279,16 @@ def grading_plan(nb: nbformat.NotebookNode, *, trusted: bool = True,
                  trusted_cwd: str | None = None) -> Plan:
     """Test cells to the trusted runner; read-only code cells to both sides.
 
-    A test cell whose metadata says ``"autograder": {"tests_in": "kernel"}`` runs in the
-    kernel behind the testkit's guard instead: the exception for a test that drives a
-    learner's object through the engine's inner loop (thousands of calls with live engine
-    objects), which the data-only channel cannot carry. Its verdict is only as strong as the
-    old design's, so the note lists every such cell.
+    Every test cell runs on the trusted side: no cell metadata can send one to the kernel
+    (an older design let a test cell opt in with ``"autograder": {"tests_in": "kernel"}``;
+    that key is now ignored). ``trusted=False`` is the old all-in-kernel design, used only
+    by the tests that show which attacks it fell for.
     """
     tests = {i for i, c in enumerate(nb.cells) if is_test(c)}
-    in_kernel = {i for i in tests if _asks_for_kernel(nb.cells[i])}
     both = {i for i, c in enumerate(nb.cells) if is_read_only_code(c)}
     if not trusted:
         return Plan(trusted_tests=False, guarded=tests, trusted_cwd=trusted_cwd)
-    return Plan(trusted_tests=True, tests=tests - in_kernel, both=both, guarded=in_kernel,
-                trusted_cwd=trusted_cwd)
-
-
-def _asks_for_kernel(cell: nbformat.NotebookNode) -> bool:
-    meta = cell.get("metadata", {}).get("autograder")
-    return isinstance(meta, dict) and meta.get("tests_in") == "kernel"
+    return Plan(trusted_tests=True, tests=tests, both=both, trusted_cwd=trusted_cwd)
 
 
 def is_read_only_code(cell: nbformat.NotebookNode) -> bool:

@@ -1,10 +1,10 @@
-"""The batching exercises (chapter 3): a valid nbgrader source whose solution passes every
-visible and hidden test, a blank release that earns nothing, and messages that name the
-classic mistakes (left padding, reading logits at a pad, refilling slots only when the batch
-is empty, the useful fraction reported as waste...).
-
-The notebook loads the shipped target model, so each kernel run takes a few seconds on 2 cores.
-The checks every graded exercise shares live in exercise_checks.
+"""The batching exercises (chapter 3): the parts that test understanding (the waste of static
+batching, two knowledge checks, a written design answer); the padded batch and the
+continuous-batching loop are written for real in build_batching. Checked: a valid nbgrader
+source whose solution passes every visible and hidden test, a blank release that earns
+nothing, and messages that name the classic mistakes (the useful fraction reported as waste,
+every batch charged the queue's longest request...). The checks every graded exercise shares
+live in exercise_checks.
 """
 from __future__ import annotations
 
@@ -19,10 +19,9 @@ NAME = "batching"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
-TEST_POINTS = {"test_pad_ids": 2, "test_pad_model": 2, "test_step": 2, "test_step_run": 2,
-               "test_static_waste": 2, "test_choice_join": 1, "test_choice_limit": 1}
+TEST_POINTS = {"test_static_waste": 2, "test_choice_join": 1, "test_choice_limit": 1}
 MANUAL_POINTS = {"written_static_vs_continuous": 3}
-ANSWER_CELLS = {"pad_batch", "step", "waste", "choice_join", "choice_limit"}
+ANSWER_CELLS = {"waste", "choice_join", "choice_limit"}
 
 
 # ------------------------------------------------------------------ the source notebook
@@ -31,7 +30,8 @@ def test_source_assignment_specifics(source):
     # The general nbgrader rules are checked for every assignment in test_solutions_valid.py.
     first = next(c for c in source.cells if c.cell_type == "code")
     assert "from autograder.testkit import check, check_close, check_equal" in first.source
-    assert "allclose as _allclose" in first.source
+    # The bookkeeping parts moved to build_batching, where the learner writes the real thing.
+    assert "pad_batch" not in first.source and "build_batching" in source.cells[0].source
     tests, manual = check_points_and_answers(source, TEST_POINTS, MANUAL_POINTS, ANSWER_CELLS)
     check_rubrics_above_answers(source)
     # Every autograded part has hidden checks beyond the visible ones; the right letters of
@@ -46,9 +46,7 @@ def test_source_assignment_specifics(source):
 
 
 PROBE = """
-print("PROBE " + json.dumps({"waste": static_waste([6, 20, 10, 8], 4),
-                             "run": run_all([6, 20, 10, 8], 2),
-                             "last": pad_batch([[1, 2], [3]], 0)[2].tolist()}))
+print("PROBE " + json.dumps({"waste": static_waste([6, 20, 10, 8], 4)}))
 """
 
 
@@ -56,14 +54,12 @@ def test_solution_passes_every_visible_and_hidden_test(source):
     got = run_probe(source, SOURCE_DIR, "import json\n" + PROBE)
     # 4 rows x 20 steps = 80 row-steps for 6 + 20 + 10 + 8 = 44 wanted tokens.
     assert got["waste"] == pytest.approx(36 / 80)
-    # The same finish steps chapter 3's real engine printed for these requests and 2 slots.
-    assert got["run"] == {"r0": 6, "r1": 20, "r2": 16, "r3": 24}
-    assert got["last"] == [1, 0]
 
 
 def test_chapter_engine_agrees_with_the_step_rule():
-    """The exercise's step rule is the engine's: the same four requests, 2 slots, finish at
-    the steps the solution's run_all gives (prefill produces the first token on joining)."""
+    """Knowledge check 2a's rule (a waiting request joins at the next step after a slot frees) is
+    the engine's: chapter 3's four requests with 2 slots finish at steps 6, 20, 16 and 24
+    (prefill produces the first token on joining)."""
     import torch
     from tinyserve.engine import Engine, EngineConfig
     from tinyserve.model import TinyLlama
@@ -95,37 +91,6 @@ def test_blank_release_earns_nothing_and_leaks_nothing(source):
 
 # ------------------------------------------------------------------ the classic mistakes, named
 
-PAD = ("def pad_batch(prompts, pad_id):\n"
-       "    T = max(len(p) for p in prompts)\n"
-       "    ids = torch.tensor([{row} for p in prompts])\n"
-       "    pos = torch.arange({start}, T + {start}).expand(len(prompts), T).clone()\n"
-       "    return ids, pos, {last}")
-RIGHT = "p + [pad_id] * (T - len(p))"
-GOOD_LAST = "torch.tensor([len(p) - 1 for p in prompts])"
-STEP = ("def continuous_step(running, waiting, limit):\n"
-        "    free = limit - len(running)\n"
-        "    after = {{r: n - {dec} for r, n in running.items()}}\n"
-        "    done = [r for r, n in after.items() if n <= {end}]\n"
-        "    keep = {{r: n for r, n in after.items() if n > {end}}}\n"
-        "    queue = list(waiting)\n"
-        "    admit = {gate}\n"
-        "    while queue and {room} and admit:\n"
-        "        r, n = queue.pop({at})\n"
-        "        keep[r] = n\n"
-        "        free -= 1\n"
-        "    return keep, queue, done")
-OK_STEP = dict(dec=1, end=0, room="len(keep) < limit", gate="True", at=0)
-MUTATE = ("def continuous_step(running, waiting, limit):\n"
-          "    done = []\n"
-          "    for r in list(running):\n"
-          "        running[r] -= 1\n"
-          "        if running[r] == 0:\n"
-          "            del running[r]\n"
-          "            done.append(r)\n"
-          "    while waiting and len(running) < limit:\n"
-          "        r, n = waiting.pop(0)\n"
-          "        running[r] = n\n"
-          "    return running, waiting, done")
 WASTE = ("def static_waste(lengths, size):\n"
          "    held = 0\n"
          "    for s in range(0, len(lengths), size):\n"
@@ -135,24 +100,6 @@ WASTE = ("def static_waste(lengths, size):\n"
 
 # (test cell, code a learner might write in its place, a fragment the failure must contain)
 MISTAKES = [
-    ("test_pad_ids", PAD.format(row="[pad_id] * (T - len(p)) + p", start=0,
-                                last="torch.full((len(prompts),), T - 1)"), "left padding"),
-    ("test_pad_model", PAD.format(row="[pad_id] * (T - len(p)) + p", start=0,
-                                  last="torch.full((len(prompts),), T - 1)"),
-     "differ from each prompt run alone"),
-    ("test_pad_ids", PAD.format(row=RIGHT, start=0, last="torch.full((len(prompts),), T - 1)"),
-     "column T - 1 is a pad"),
-    ("test_pad_model", PAD.format(row=RIGHT, start=0, last="torch.full((len(prompts),), T - 1)"),
-     "differ from each prompt run alone"),
-    ("test_pad_ids", PAD.format(row=RIGHT, start=0, last="torch.tensor([len(p) for p in prompts])"),
-     "off by one"),
-    ("test_pad_ids", PAD.format(row=RIGHT, start=1, last=GOOD_LAST), "start at 0"),
-    ("test_step", STEP.format(**dict(OK_STEP, room="free > 0")), "in the SAME step"),
-    ("test_step", STEP.format(**dict(OK_STEP, at="")), "first come, first served"),
-    ("test_step", STEP.format(**dict(OK_STEP, dec=0, end=1)), "did not produce its token"),
-    ("test_step", STEP.format(**dict(OK_STEP, end=-1)), "no tokens left is still running"),
-    ("test_step", MUTATE, "changed the running dict"),
-    ("test_step_run", STEP.format(**dict(OK_STEP, gate="not keep")), "static batching"),
     ("test_static_waste", WASTE.format(rows="len(batch)", over="batch",
                                        ret="sum(lengths) / held"), "USEFUL fraction"),
     ("test_static_waste", WASTE.format(rows="len(batch)", over="lengths",

@@ -89,6 +89,9 @@ def test_feedback_names_tests_and_messages_without_leaking(mini):
     page = (mini.feedback / "cat" / "mini" / "mini.html").read_text()
     assert "test_double" in page and "test_kv_bytes" in page
     assert "expected 4" in page  # the testkit's message says what was expected
+    # The written answer's mark scheme, from the grader's copy, escaped; never in the release.
+    assert "Mark scheme" in page and "MARK_SCHEME_SENTINEL &lt;b&gt;" in page
+    assert "MARK_SCHEME_SENTINEL" not in (mini.release / "mini" / "mini.ipynb").read_text()
     secret = hidden_test_lines(mini, "mini")
     for path in mini.feedback.rglob("*.html"):
         text = path.read_text()
@@ -159,6 +162,32 @@ def test_self_check_reports_visible_tests(mini, tmp_path):
     assert "PASS  test_kv_bytes (2 pts)" in out.stdout
     assert "FAIL  test_double (1 pt): [double(2)] expected 4, got 5" in out.stdout
     assert "HIDDEN" not in out.stdout
+
+
+def test_validate_runs_tests_outside_the_kernel_with_checks_verdicts(mini, tmp_path):
+    """nbgrader's Validate button (its handler calls the Validator the course's server
+    extension installs) gives the verdicts `check` gives above, and no test code runs in the
+    learner's kernel: the testkit there counts no check at all."""
+    from traitlets.config import Config
+    from nbgrader.server_extensions.validate_assignment import handlers
+    from autograder.validate import TrustedValidator, _load_jupyter_server_extension
+    rel = mini.release / "mini"
+    data = json.loads(solved_mini(rel / "mini.ipynb", "def double(x):\n    return x + 3"))
+    data["cells"].append({"cell_type": "code", "execution_count": None, "metadata": {},
+                          "id": "probe", "outputs": [],
+                          "source": "import autograder.testkit as _t\n"
+                                    "assert _t._STATS['checks'] == 0, 'tests ran in the kernel'"})
+    nb = tmp_path / "mini.ipynb"
+    nb.write_text(json.dumps(data))
+    shutil.copy(rel / "constants.json", tmp_path)
+    _load_jupyter_server_extension(type("App", (), {"log": __import__("logging")})())
+    assert handlers.Validator is TrustedValidator
+    results = TrustedValidator(config=Config({"Validator": {"validate_all": True}})) \
+        .validate(str(nb))
+    failed = results.get("failed", [])
+    assert len(failed) == 1, failed
+    assert "double(2)" in failed[0]["source"] and \
+        "[double(2)] expected 4, got 5" in failed[0]["raw_error"]
 
 
 # Harbor ------------------------------------------------------------------------------------

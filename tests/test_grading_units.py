@@ -328,3 +328,186 @@ def test_lent_objects_come_back_with_what_the_call_wrote_and_nothing_else(in_pro
     assert cfg.max_num_seqs == 99                       # same field, same type: copied back
     assert cfg.policy == "fcfs" and not hasattr(cfg, "extra")  # a new type, a new field: not
     assert ns["out"] == (slice(1, 5), range(3))
+
+
+@pytest.fixture()
+def counted(monkeypatch):
+    """Like ``in_process``, and a TrustedRunner over it, with every request's text kept."""
+    from autograder import agent
+    from autograder.trusted import TrustedRunner
+    student_ns: dict = {"__name__": "__main__"}   # classes defined there are the kernel's
+    sent: list[str] = []
+    monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
+
+    def exchange(request, timeout):
+        if request is None:
+            return None
+        sent.append(request)
+        return agent.serve(request)
+    runner = TrustedRunner(exchange, cwd=".")
+    return student_ns, runner, sent
+
+
+def _cell(source: str):
+    import nbformat
+    return nbformat.v4.new_code_cell(source)
+
+
+def test_a_kernel_opt_in_in_cell_metadata_no_longer_moves_a_test_into_the_kernel():
+    import nbformat
+    from autograder.worker import grading_plan
+    test = nbformat.v4.new_code_cell("check(True, name='t', message='')", metadata={
+        "autograder": {"tests_in": "kernel"},
+        "nbgrader": {"grade": True, "solution": False, "locked": True, "grade_id": "t",
+                     "points": 1, "schema_version": 3}})
+    plan = grading_plan(nbformat.v4.new_notebook(cells=[test]))
+    assert plan.trusted_tests and plan.tests == {0} and plan.guarded == set()
+
+
+def test_only_errors_raised_in_the_learners_code_are_reported_as_theirs(counted):
+    from autograder.worker import failure_message
+    student, runner, _ = counted
+    exec("def label():\n    return 'seven'\n"
+         "def parse(text):\n    return int(text)\n", student)
+    # The test's own arithmetic fails on the (wrong-typed) answer: the test raised it.
+    r = runner.run_test(_cell("total = label() + 1"), "cell t1", timeout=30)
+    assert (r.ename, r.student) == ("TypeError", False)
+    message = failure_message(r)
+    assert message.startswith("the test itself raised TypeError") and "your code raised" \
+        not in message
+    # The same kind of error raised inside the learner's function: theirs.
+    r = runner.run_test(_cell("parse('seven')"), "cell t2", timeout=30)
+    assert (r.ename, r.student) == ("ValueError", True)
+    assert failure_message(r).startswith("your code raised ValueError: invalid literal")
+
+
+def test_call_each_is_one_request_and_stops_at_the_first_error(counted):
+    student, runner, sent = counted
+    exec("def double(x):\n    if x == 3:\n        raise ValueError('three')\n    return 2 * x\n",
+         student)
+    runner.ns["call_each"] = __import__("autograder.testkit").testkit.call_each
+    assert runner.run_test(_cell("got = call_each(double, [(i,) for i in range(3)])"),
+                           "cell t", timeout=30).status == "ok"
+    assert runner.ns["got"] == [0, 2, 4]
+    assert [json.loads(s)["op"] for s in sent] == ["name", "map"]   # one request, 3 calls
+    r = runner.run_test(_cell("call_each(double, [(1,), (3,), (5,)])"), "cell u", timeout=30)
+    assert (r.ename, r.student, r.evalue) == ("ValueError", True, "three")
+    # Without the channel (a notebook run in one kernel) it is the plain loop.
+    from autograder.testkit import call_each
+    assert call_each(lambda a, b: a + b, [(1, 2), (3, 4)]) == [3, 7]
+
+
+def test_a_large_constant_crosses_once_and_a_changed_copy_is_sent_again(counted):
+    student, runner, sent = counted
+    exec("def total(w):\n    return float(w['a'].sum())\n"
+         "def spoil(w):\n    w['a'].zero_()\n", student)
+    assert runner.run_setup(_cell("import torch\nW = {'a': torch.ones(200, 200)}"),
+                            "cell setup") == ""
+    sizes = []
+    for _ in range(3):
+        sent.clear()
+        assert runner.run_test(_cell("got = total(W)"), "cell t", timeout=30).status == "ok"
+        assert runner.ns["got"] == 40_000.0
+        sizes.append(len(sent[-1]))
+    assert sizes[0] > 200 * 200 * 4 and max(sizes[1:]) < 200   # bytes once, then a number
+    # The learner's code changed the kernel's copy in place: the next call still gets the
+    # tests' value (the kernel says "stale", the bytes go again).
+    runner.run_test(_cell("spoil(W)\ngot = total(W)"), "cell u", timeout=30)
+    assert runner.ns["got"] == 40_000.0
+    # A change on the tests' side is a new constant.
+    runner.run_test(_cell("W['a'].mul_(2)\ngot = total(W)"), "cell v", timeout=30)
+    assert runner.ns["got"] == 80_000.0
+
+
+def test_a_method_calls_reply_leaves_out_large_attributes_without_encoding_them(counted,
+                                                                              monkeypatch):
+    from autograder import agent, wire
+    student, runner, _ = counted
+    copied = []
+    real = wire._tensor_bytes
+    monkeypatch.setattr(wire, "_tensor_bytes", lambda t: copied.append(t.numel()) or real(t))
+    exec("import torch\nclass Holder:\n    def __init__(self):\n"
+         "        self.big = torch.zeros(1_000_000)\n        self.n = 0\n"
+         "    def bump(self):\n        self.n += 1\n        return self.n\nh = Holder()\n", student)
+    replies = []
+    serve = agent.serve
+    runner.channel._execute = lambda req, t: None if req is None else \
+        replies.append(serve(req)) or replies[-1]
+    assert runner.run_test(_cell("a = h.bump()\nb = h.n"), "cell t", timeout=30).status == "ok"
+    assert (runner.ns["a"], runner.ns["b"]) == (1, 1)
+    assert max(len(r) for r in replies) < 2000     # the 4 MB tensor never went into a reply
+    assert copied == []                            # nor was it copied to find out it is large
+
+
+def test_a_policy_asked_over_the_channel_schedules_exactly_as_run_directly(counted):
+    """The reference is the policy itself inside the engine; over the channel, the trusted
+    side's AskedPolicy must make every decision the same (same TTFT for every request)."""
+    from autograder.remote_policy import AskedPolicy, PolicyDriver
+    from tinyserve.engine import EngineConfig
+    from tinyserve.policies import SizeAware
+    from tinyserve.simulator import CostModel, completed_traces, serve, simulated_engine
+    from tinyserve.workload import Fixed, Mixture, Uniform, make_workload
+    student, runner, sent = counted
+    student["POLICY"], student["_policy_driver"] = SizeAware(64, 0.25), PolicyDriver
+    specs = make_workload(120, 30.0, Mixture((Uniform(8, 40), Fixed(120)), (0.7, 0.3)),
+                          Uniform(4, 24), seed=3)
+    fleet = dict(num_blocks=256, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+                 chunked_prefill=True)
+    cost = CostModel(step=7.7e-3, token=1.3e-5, row=5.2e-4, pair=1.4e-6)
+
+    def run(policy):
+        engine = simulated_engine(EngineConfig(**fleet, policy=policy), cost)
+        if isinstance(policy, AskedPolicy):
+            policy.scheduler = engine.scheduler
+        traces = completed_traces(serve(engine, specs))
+        return engine.steps, sorted((t.arrival, t.ttft, t.prompt_tokens) for t in traces)
+
+    steps, direct = run(SizeAware(64, 0.25))
+    asked = runner.ns["asked"] = AskedPolicy(None)
+    runner.run_test(_cell("asked.ask = _policy_driver(POLICY).ask"), "cell t", timeout=30)
+    with __import__("contextlib").ExitStack():
+        runner.channel.deadline = float("inf")
+        got_steps, over_channel = run(asked)
+    assert len(direct) == 120 and over_channel == direct and got_steps == steps
+    assert 0 < asked.requests < steps        # one request per step at most, none when full
+
+
+def test_feedback_shows_each_hand_graded_answers_mark_scheme_escaped():
+    """The mark scheme comes from the grader's copy (release cuts it) and appears, escaped,
+    under its answer's row after grading; answers without one and tests get none."""
+    import nbformat
+    from autograder.report import mark_schemes, render
+    task = nbformat.v4.new_markdown_cell(
+        "**2a (3 points).** Explain.\n\n### BEGIN MARK SCHEME\n*Rubric (3 points):*\n"
+        "* 1 point: names the <queue> & the prefill <script>x()</script>\n### END MARK SCHEME")
+    answer = nbformat.v4.new_markdown_cell("model answer")
+    answer.metadata = {"nbgrader": {"grade": True, "solution": True, "grade_id": "written",
+                                    "points": 3}}
+    bare = nbformat.v4.new_markdown_cell("another answer")
+    bare.metadata = {"nbgrader": {"grade": True, "solution": True, "grade_id": "bare",
+                                  "points": 1}}
+    schemes = mark_schemes(nbformat.v4.new_notebook(cells=[task, answer, bare]))
+    assert schemes == {"written": "*Rubric (3 points):*\n* 1 point: names the <queue> & the "
+                                  "prefill <script>x()</script>"}
+    nb = {"tests": [
+        {"grade_id": "test_a", "kind": "test", "max_points": 2, "points": 2, "passed": True,
+         "needs_manual_grade": False, "message": "passed"},
+        {"grade_id": "written", "kind": "manual", "max_points": 3, "points": 0,
+         "passed": False, "needs_manual_grade": True, "message": "awaiting manual grading"},
+        {"grade_id": "bare", "kind": "manual", "max_points": 1, "points": 0,
+         "passed": False, "needs_manual_grade": True, "message": "awaiting manual grading"}]}
+    page = render("ann", "mini", "mini", {"status": "graded", "reasons": []}, nb, {}, schemes)
+    assert page.count("Mark scheme") == 1
+    row = page.index("<td>written</td>")
+    assert row < page.index("Mark scheme") < page.index("<td>bare</td>")
+    assert "names the &lt;queue&gt; &amp; the prefill &lt;script&gt;" in page
+    assert "<script>" not in page
+    # The course's own notebooks: every hand-graded answer of practice has its scheme in the
+    # grader's copy, and none of it is in the release (the leak test checks every assignment).
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    practice = mark_schemes(nbformat.read(root / "solutions/practice/practice.ipynb", 4))
+    assert set(practice) == {"written_two_bars", "written_capacity", "written_speculative",
+                             "written_drill"}
+    released = (root / "exercises/practice/practice.ipynb").read_text()
+    assert all("Rubric" in s and s.splitlines()[1] not in released for s in practice.values())

@@ -1,0 +1,136 @@
+"""The build_batching exercise (chapter 3, build track): the learner writes static batching with
+left padding (the padded ids, per-row positions, the mask, a greedy static batch) and a
+continuous-batching loop over the slots of a KV cache; every row and every request is held
+equal to its prompt run alone. Checked here: a valid source whose solution passes every visible
+and hidden test (and whose measurement ran the learner's loop both ways), a blank release that
+earns nothing, named mistakes, no points for a piece taken from tinyserve, and sandboxed grading.
+"""
+from __future__ import annotations
+
+import pytest
+
+from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+                             check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
+                             run_blank_release, run_probe, source_fixture)
+
+NAME = "build_batching"
+SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
+source = source_fixture(SOURCE)
+
+TEST_POINTS = {"test_pad_left": 3, "test_padded_mask": 3, "test_generate_static": 4,
+               "test_prefill_slot": 2, "test_decode_slots": 3, "test_serve": 5}
+ANSWER_CELLS = {"pad_left", "padded_mask", "generate_static", "slots_answer", "serve"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread_kernels(monkeypatch):
+    # One torch thread per kernel, as in the grading sandbox (two oversubscribe a shared 2-core box).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_source_assignment_specifics(source):
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert meta(first)["locked"] and not meta(first)["grade"]
+    assert "import autograder.build_checks as _build_checks" in first.source
+    assert not list(SOURCE_DIR.glob("*.py")) and not list((ROOT / "exercises" / NAME).glob("*.py"))
+    tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
+    intro = source.cells[0].source
+    assert "(20 points)" in intro and sum(tests.values()) == 20
+    text = "\n".join(c.source for c in source.cells)
+    assert "tinyserve.default_device()" in text and ".cuda()" not in text
+    # Predict first: the guess is committed in a cell above the measurement that records it.
+    cells = [c.source for c in source.cells if c.cell_type == "code"]
+    ui = next(i for i, s in enumerate(cells) if "gain.ui()" in s)
+    assert any("gain.record(" in s for s in cells[ui + 1:])
+
+
+PROBE = """
+import json
+print("PROBE " + json.dumps({m: [len(r[1]), sum(r[1]), [len(t) for t in r[0]]] for m, r in runs.items()}
+                            | {"slots": SLOTS, "wanted": wanted, "ratio": stats["continuous"][1] / stats["static"][1]}))
+"""
+
+
+def test_solution_passes_every_test_and_measures_both_schedules(source):
+    got = run_probe(source, SOURCE_DIR, PROBE)
+    static, continuous = got["static"], got["continuous"]
+    # The same replies both ways, none longer than asked; each decode step adds one token per busy
+    # slot and each request's first token comes from its prefill.
+    assert static[2] == continuous[2]
+    assert all(1 <= n <= w for n, w in zip(static[2], got["wanted"]))
+    for steps, busy_slot_steps, lengths in (static, continuous):
+        assert busy_slot_steps == sum(lengths) - len(lengths)
+    # Continuous batching needs fewer steps for the same work: its slots are fuller.
+    assert continuous[0] < static[0]
+    assert got["ratio"] > 0
+
+
+def test_blank_release_earns_nothing_and_leaks_nothing(source):
+    _, errs = run_blank_release(RELEASED, source, SOURCE_DIR)
+    assert errs == {gid: "NotImplementedError" for gid in TEST_POINTS}
+
+
+PAD = ("def pad_left(prompts, pad_id, device):\n"
+       "    T = max(len(p) for p in prompts)\n"
+       "    ids = torch.tensor([{row} for p in prompts], device=device)\n"
+       "    real = torch.tensor([[False] * (T - len(p)) + [True] * len(p) for p in prompts], device=device)\n"
+       "    return ids, {positions}, real")
+GOOD_PAD = dict(row="[pad_id] * (T - len(p)) + list(p)", positions="(real.cumsum(1) - 1).clamp(min=0)")
+SLOT = ("def decode_slots(tokens, slots, weights, cfg, cache):\n"
+        "    ids = torch.tensor(tokens, device=weights['model.embed_tokens.weight'].device)[:, None]\n"
+        "    positions = torch.tensor([[{position}] for s in slots], device=ids.device)\n"
+        "    return forward_slots(ids, positions, list(slots), weights, cfg, cache)[:, 0]")
+
+MISTAKES = [
+    ("test_pad_left", PAD.format(**dict(GOOD_PAD, row="list(p) + [pad_id] * (T - len(p))")), "right padding"),
+    ("test_pad_left", PAD.format(**dict(GOOD_PAD, positions="torch.arange(T, device=device).expand(len(prompts), T)")),
+     "positions counted from the padded start"),
+    ("test_padded_mask",
+     "def padded_mask(real):\n"
+     "    T = real.shape[1]\n"
+     "    return torch.ones(T, T, dtype=torch.bool, device=real.device).tril().expand(real.shape[0], T, T)",
+     "pad keys are not masked"),
+    ("test_padded_mask",
+     "def padded_mask(real):\n"
+     "    T = real.shape[1]\n"
+     "    return torch.ones(T, T, dtype=torch.bool, device=real.device).tril() & real[:, None, :]",
+     "a pad's row masks every key"),
+    ("test_generate_static",
+     "_solution_static = generate_static\n"
+     "def generate_static(prompts, n, weights, cfg):\n"
+     "    return [p + r for p, r in zip(prompts, _solution_static(prompts, n, weights, cfg))]",
+     "returns the prompt too"),
+    ("test_prefill_slot",
+     "def prefill_slot(prompt, slot, weights, cfg, cache):\n"
+     "    ids = torch.tensor([prompt], device=weights['model.embed_tokens.weight'].device)\n"
+     "    return forward_slots(ids, torch.arange(len(prompt), device=ids.device)[None], [slot], weights, cfg,"
+     " cache)[0, -1]",
+     "still counts the"),
+    ("test_decode_slots", SLOT.format(position="cache.lengths[s] + 1"), "decode position off by one"),
+    ("test_decode_slots", SLOT.format(position="max(cache.lengths)"), "every row decoded at the same position"),
+    ("test_serve",
+     "_solution_serve = serve\n"
+     "def serve(requests, weights, cfg, cache, static=False):\n"
+     "    return _solution_serve(requests, weights, cfg, cache, True)",
+     "that is static batching"),
+    # A later part that builds on a wrong earlier one says so.
+    ("test_generate_static", PAD.format(**dict(GOOD_PAD, row="list(p) + [pad_id] * (T - len(p))")),
+     "fix parts 1 and 2 first"),
+    ("test_serve", SLOT.format(position="cache.lengths[s] + 1"), "fix part 4 first"),
+    ("test_generate_static",
+     "def generate_static(prompts, n, weights, cfg):\n"
+     "    from tinyserve.generate import generate_batch\n"
+     "    model = tinyserve.load_model('target', device=weights['model.embed_tokens.weight'].device)\n"
+     "    return generate_batch(model, prompts, n, stop_ids=(cfg['eos_token_id'],))",
+     "no points for this piece"),
+]
+
+
+def test_classic_mistakes_get_messages_that_name_them(source):
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+@needs_sandbox
+def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)
