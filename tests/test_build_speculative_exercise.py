@@ -120,7 +120,8 @@ MISTAKES = [
 
 
 def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alone(source):
-    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True,
+                         trusted=True)
 
 
 @needs_sandbox
