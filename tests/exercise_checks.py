@@ -49,6 +49,22 @@ def execute(nb, workdir: Path, allow_errors: bool):
     return nb
 
 
+def execute_trusted(nb, workdir: Path):
+    """Run `nb` as grading runs it (autograder.worker.grading_plan: test cells on the trusted
+    side, reaching the kernel's answers over the channel; read-only cells on both sides), in
+    a fresh python3 kernel without the sandbox; returns `nb` with the test cells' outputs."""
+    import subprocess
+
+    from jupyter_client import AsyncKernelManager
+
+    from autograder.execute import run_notebook
+    from autograder.worker import grading_plan
+    run_notebook(nb, AsyncKernelManager(kernel_name="python3"), cwd=str(workdir),
+                 plan=grading_plan(nb), cell_timeout=600, total_timeout=3600,
+                 kernel_output=subprocess.DEVNULL)
+    return nb
+
+
 # The kernel in which run_probe ran the whole solution, kept for check_named_mistakes: it would
 # otherwise start a kernel and run the solution's code again before its first wrong answer.
 # One per source folder; shut down by check_named_mistakes or at the end of the module (the
@@ -190,7 +206,8 @@ def check_manual_answers_blank(nb, manual_points: dict[str, int]) -> None:
 # ------------------------------------------------------------------ the classic mistakes, named
 
 def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
-                         mistakes: Sequence[tuple], graded_cells_only: bool = False) -> None:
+                         mistakes: Sequence[tuple], graded_cells_only: bool = False,
+                         trusted: bool = False) -> None:
     """Run each wrong answer against the real test cell (hidden tests included), all in one
     kernel, and check that cell raised with a message containing the fragment.
 
@@ -198,16 +215,23 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
     is not an AssertionError. The solution's non-test code cells run first and every answer
     cell runs again before each wrong answer, so each mistake is the only thing wrong in its
     cell. `graded_cells_only` leaves out the code cells without nbgrader metadata (the
-    learner's own plain cells, such as a plot).
+    learner's own plain cells, such as a plot). `trusted` runs it as grading does
+    (execute_trusted): the read-only cells keep their metadata, so they run on both sides.
 
-    After run_probe, its kernel (which ran the whole solution, every check passing) is used
-    instead of a fresh one running the solution's code again; either way each wrong answer
-    runs after every answer cell was run again, and the kernel is shut down at the end."""
+    Otherwise, after run_probe, its kernel (which ran the whole solution, every check passing)
+    is used instead of a fresh one running the solution's code again; either way each wrong
+    answer runs after every answer cell was run again, and the kernel is shut down at the end."""
     by_id = {meta(c)["grade_id"]: c for c in source.cells if meta(c)}
-    warm = _SOLUTION_KERNELS.pop(Path(source_dir), None)
+    if trusted:       # grading's plan needs its own kernel: the warm one is not used
+        shutdown_solution_kernel(source_dir)
+    warm = None if trusted else _SOLUTION_KERNELS.pop(Path(source_dir), None)
     nb = nbformat.v4.new_notebook()
+
+    def read_only(c) -> bool:
+        return trusted and meta(c).get("locked") and not meta(c).get("solution")
     nb.cells = [] if warm else [
-        nbformat.v4.new_code_cell(c.source) for c in source.cells
+        nbformat.v4.new_code_cell(c.source, metadata=c.metadata if read_only(c) else {})
+        for c in source.cells
         if c.cell_type == "code" and (meta(c) or not graded_cells_only) and not is_test(c)]
     answers = [c.source for c in source.cells
                if c.cell_type == "code" and meta(c).get("grade_id") in answer_cells]
@@ -219,7 +243,9 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
         test_cell.metadata = {"nbgrader": dict(meta(by_id[test_id]), grade_id=cell_id)}
         nb.cells.append(test_cell)
         wanted.append((cell_id, fragment, ename[0] if ename else "AssertionError"))
-    if warm is None:
+    if trusted:
+        execute_trusted(nb, source_dir)
+    elif warm is None:
         execute(nb, source_dir, allow_errors=True)
     else:
         client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True,

@@ -115,7 +115,8 @@ MISTAKES = [
 
 
 def test_classic_mistakes_get_messages_that_name_them(source):
-    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True,
+                          trusted=True)
 
 
 @needs_sandbox
