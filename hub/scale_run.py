@@ -1,5 +1,6 @@
 """A whole class, simulated, on this machine: the hub's start-up per user, collection and
-grading throughput, peak memory. Run as root, on a quiet machine (minutes; heavy on 2 cores):
+grading throughput, peak memory. Run as root, on a quiet machine (the 40-student run took
+over 50 minutes on a 2-core machine at load 15):
 
     .venv/bin/python hub/scale_run.py --students 40 --workers 2 \
         --json bench/results/hub_class.json
@@ -36,6 +37,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,9 +84,11 @@ class Memory(threading.Thread):
     """Each second: summed RSS (MiB) of the given pids' children and the given accounts'
     processes (peak kept), the largest single kernel's and server's RSS, the load average."""
 
-    def __init__(self, uids: set[int], roots: list[int]) -> None:
+    def __init__(self, uids: set[int], roots: list[int], course: str = "") -> None:
         super().__init__(daemon=True)
         self.uids, self.roots, self.peak_mib, self.stop = uids, roots, 0.0, threading.Event()
+        # Grading kernels run as the sandbox's own uids; their command line names the course.
+        self.course = course.encode()
         self.kernel_mib = self.server_mib = 0.0
         self.loads: list[float] = []   # 1-minute load average, one per second
 
@@ -100,11 +104,18 @@ class Memory(threading.Thread):
             fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
             uid = int(fields.get("Uid", "0").split()[0])
             ppid = int(fields.get("PPid", "0").strip())
-            if uid in self.uids or int(entry.name) in self.roots or ppid in self.roots:
+            if uid in self.uids or int(entry.name) in self.roots or ppid in self.roots \
+                    or (self.course and self._names_course(entry)):
                 rss = int(fields.get("VmRSS", "0 kB").split()[0])
                 total += rss
                 self._largest(entry, rss / 1024)
         return total / 1024
+
+    def _names_course(self, entry: Path) -> bool:
+        try:
+            return self.course in (entry / "cmdline").read_bytes()
+        except OSError:
+            return False
 
     def _largest(self, entry: Path, rss_mib: float) -> None:
         try:
@@ -175,9 +186,13 @@ def start_hub(students: list[str], report: dict) -> tuple[Path, str, str, subpro
 def class_arrives(url: str, token: str, students: list[str], report: dict) -> None:
     """Every server requested at once, as a class arriving does; each timed to ready."""
     asked = {}
-    for s in students:
+
+    def ask(s: str) -> None:   # the hub answers a POST only after slow_spawn_timeout (10 s)
         asked[s] = time.monotonic()
         api(url, token, "POST", f"/users/{s}/server")
+
+    with ThreadPoolExecutor(max_workers=len(students)) as pool:
+        list(pool.map(ask, students))
     ready: dict[str, float] = {}
     failed: list[str] = []
     while len(ready) + len(failed) < len(students):
@@ -203,13 +218,14 @@ def class_arrives(url: str, token: str, students: list[str], report: dict) -> No
 
 
 def grade(python: str, hub_dir: Path, students: list[str], args: argparse.Namespace,
-          report: dict) -> None:
+          report: dict, save) -> None:
     """Collect, grade with N workers (then a sample with 1 worker), return feedback."""
     ag = ["-m", "autograder"]
     safe = ["--unsafe"] if args.unsafe else []
     t = time.monotonic()
     as_user(INSTRUCTOR, hub_dir, python, *ag, "collect", NAME, "--from-exchange")
     report["collect_s"] = round(time.monotonic() - t, 1)
+    save()
     t = time.monotonic()
     out = as_user(INSTRUCTOR, hub_dir, python, *ag, "autograde", NAME, "--no-progress",
                   "--workers", str(args.workers), *safe).stdout
@@ -218,6 +234,7 @@ def grade(python: str, hub_dir: Path, students: list[str], args: argparse.Namesp
                           "seconds": round(grading_s, 1),
                           "notebooks_per_minute": round(len(students) / grading_s * 60, 1)}]
     report["graded_lines"] = out.strip().splitlines()[:6]
+    save()
     if args.one_worker_sample and args.workers != 1:
         # The same grading again on a sample, one worker: what the second worker buys.
         sample = students[:args.one_worker_sample]
@@ -228,6 +245,7 @@ def grade(python: str, hub_dir: Path, students: list[str], args: argparse.Namesp
         report["grading"].append({"workers": 1, "notebooks": len(sample),
                                   "seconds": round(s1, 1),
                                   "notebooks_per_minute": round(len(sample) / s1 * 60, 1)})
+        save()
     t = time.monotonic()
     as_user(INSTRUCTOR, hub_dir, python, *ag, "feedback", NAME, "--return")
     report["feedback_return_s"] = round(time.monotonic() - t, 1)
@@ -300,16 +318,26 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"students": len(students), "workers": args.workers,
                     "sandboxed": not args.unsafe, "cpus": os.cpu_count(),
                     "machine": platform.platform(), "load_avg_before": os.getloadavg()}
+
+    def save() -> None:   # after every phase: a run cut short still leaves its figures
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+    def on_term(signum, frame):   # `timeout` sends SIGTERM: stop the class, keep the figures
+        raise SystemExit(f"stopped by signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
     hub_dir, url, token, hub = start_hub(students, report)
     python = (hub_dir / "state" / "user_python").read_text().strip()
     uids = {pwd.getpwnam(u).pw_uid for u in [INSTRUCTOR, *students]}
-    memory = Memory(uids, [hub.pid])
+    memory = Memory(uids, [hub.pid], str(Path(pwd.getpwnam(INSTRUCTOR).pw_dir) / "tinyserve"))
     memory.start()
     phase = {}
     try:
         as_user(INSTRUCTOR, hub_dir, python, "-m", "autograder", "release-exchange", NAME)
         t = time.monotonic()
         class_arrives(url, token, students, report)
+        save()
         phase["class_arrives"] = time.monotonic() - t
         time.sleep(5)   # settled: every server idle
         report["rss_mib_all_servers_idle"] = round(memory.sample())
@@ -320,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, s in enumerate(students):
             submit_with_mistake(s, hub_dir, python, kinds[i % len(kinds)])
         report["submit_s_per_student"] = round((time.monotonic() - t) / len(students), 2)
-        grade(python, hub_dir, students, args, report)
+        save()
+        grade(python, hub_dir, students, args, report, save)
     finally:
         memory.stop.set()
         report["peak_rss_mib"] = round(memory.peak_mib)
@@ -333,9 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         report["note"] = (f"{os.cpu_count()} cores shared with other jobs (1-minute load "
                           f"average above): figures are pessimistic for a dedicated server")
         shutil.rmtree(hub_dir, ignore_errors=True)
+        save()
         print(json.dumps(report, indent=1))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
