@@ -80,12 +80,12 @@ class Plan:
     """Where each code cell runs. ``tests``: test cells the trusted runner executes (never
     the kernel); ``both``: read-only cells, run in the kernel (the student's code uses what
     they bind) and by the runner (the tests use it); ``guarded``: test cells that run in the
-    kernel behind the testkit's guard (the old design: every test, with ``trusted_tests``
-    False, kept so the tests can show what it fell for; with it True, only cells whose
-    metadata asks for it, see ``autograder.worker.grading_plan``). Every other code cell
-    runs only in the kernel. ``stop_at_failure``: after the first test cell that fails,
-    every later cell is "not run" (``STOPPED``); only the mutants tool asks for it, as a
-    mutant that failed one test has lost marks whatever the rest would show."""
+    kernel behind the testkit's guard (the old design, with ``trusted_tests`` False: kept so
+    the tests can show what it fell for; the grading plan never sets it, see
+    ``autograder.worker.grading_plan``). Every other code cell runs only in the kernel.
+    ``stop_at_failure``: after the first test cell that fails, every later cell is "not run"
+    (``STOPPED``); only the mutants tool asks for it, as a mutant that failed one test has
+    lost marks whatever the rest would show."""
     trusted_tests: bool = True
     tests: set[int] = field(default_factory=set)
     both: set[int] = field(default_factory=set)
