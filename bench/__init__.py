@@ -22,6 +22,7 @@ SUITES = {
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
     "spec": "speculative decoding (draft model, n-gram lookup) vs plain greedy: acceptance, passes/token, speed-up, batch sweep",
     "serve": "load generator against our server: rate sweep, latency percentiles, goodput knee, cost; routing across replicas",
+    "peers": "our load generator vs guidellm, our server vs transformers serve (make peers installs them)",
 }
 
 
@@ -33,10 +34,19 @@ def run_suite(name: str, json_path: str | None = None, quick: bool = False,
               compile: bool = False) -> dict[str, Any]:
     if name not in SUITES:
         raise ValueError(f"unknown bench suite {name!r}; choose one of: {', '.join(SUITES)}")
+    # One torch thread per process (the house rule): ratios taken side by side on a shared
+    # machine mean something only if neither side can borrow a core the other lacks.
+    # The parallel suite sets its own threads in each rank.
+    import torch
+    if compile and name not in COMPILABLE:
+        raise ValueError(f"bench {name} has no --compile variant; it exists for: "
+                         f"{', '.join(COMPILABLE)} (bench decode always times both)")
     module = importlib.import_module(f"bench.{name}")
-    if compile:
-        if name not in COMPILABLE:
-            raise ValueError(f"bench {name} has no --compile variant; it exists for: "
-                             f"{', '.join(COMPILABLE)} (bench decode always times both)")
-        return module.run(json_path=json_path, quick=quick, compile=True)
-    return module.run(json_path=json_path, quick=quick)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        if compile:
+            return module.run(json_path=json_path, quick=quick, compile=True)
+        return module.run(json_path=json_path, quick=quick)
+    finally:
+        torch.set_num_threads(threads)   # a caller (a test session) keeps its own setting

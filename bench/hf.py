@@ -13,6 +13,11 @@ reach (our TPOT at batch 1). ``decode_roofline_fraction`` = floor / achieved: 1.
 bandwidth-bound; far below it, per-step overheads dominate. (On a CPU a 25 MB model partly
 fits in the last-level cache, so the floor from DRAM bandwidth is a conservative one.)
 
+**Yardstick**: :mod:`bench.plain_loop`, greedy decoding in one plain function over the same
+weights (no modules, no cache class, no mask), timed in the same run and asserted to give
+the same tokens. ``plain_loop_vs_ours_bN`` = our time / its time: how much of our step is
+the engine's generality rather than arithmetic (1.0: none).
+
 ``--quick`` runs the same code on a tiny random model; its figures mean nothing.
 """
 from __future__ import annotations
@@ -36,6 +41,7 @@ from tinyserve.roofline import memory_bandwidth
 from tinyserve.tokenizer import load_tokenizer
 
 from .common import QUICK_CONFIG, load_bench_model, median_seconds, report, table, write_json
+from .plain_loop import plain_greedy
 
 
 def _model(quick: bool) -> tuple[TinyLlama, str]:
@@ -92,21 +98,30 @@ def run(json_path: str | None = None, quick: bool = False, compile: bool = False
         def theirs() -> None:
             theirs_out["tokens"] = _hf_generate(hf, ids, n_new)
 
+        plain_out: dict[str, list[list[int]]] = {}
+
+        def plain() -> None:
+            plain_out["tokens"] = plain_greedy(model, prompts[:batch], n_new)
+
         t_ours = median_seconds(ours, device, repeats)
         t_hf = median_seconds(theirs, device, repeats)
-        if ours_out["tokens"] != theirs_out["tokens"]:
-            raise RuntimeError(f"batch {batch}: our greedy tokens differ from generate()'s")
+        t_plain = median_seconds(plain, device, repeats)
+        if not ours_out["tokens"] == theirs_out["tokens"] == plain_out["tokens"]:
+            raise RuntimeError(f"batch {batch}: our greedy tokens, generate()'s and the plain "
+                               f"loop's are not all equal")
         ratios[f"vs_hf_generate_b{batch}"] = t_hf / t_ours
-        measured[f"b{batch}"] = {"ours_s": t_ours, "hf_generate_s": t_hf,
+        ratios[f"plain_loop_vs_ours_b{batch}"] = t_ours / t_plain
+        measured[f"b{batch}"] = {"ours_s": t_ours, "hf_generate_s": t_hf, "plain_loop_s": t_plain,
                                  "new_tokens": n_new, "prompt_tokens": prompt_len,
                                  "ours_tokens_per_s": batch * n_new / t_ours,
                                  "hf_tokens_per_s": batch * n_new / t_hf}
-        rows.append([batch, t_ours, t_hf, batch * n_new / t_ours, batch * n_new / t_hf,
-                     t_hf / t_ours])
+        rows.append([batch, t_ours, t_hf, t_plain, batch * n_new / t_ours,
+                     batch * n_new / t_hf, t_hf / t_ours, t_ours / t_plain])
     print(f"greedy, {prompt_len}-token prompts, {n_new} new tokens ({name}, {device}, fp32, "
-          f"median of {repeats}, transformers {transformers.__version__})")
-    print(table(["batch", "ours s", "generate() s", "ours tok/s", "generate() tok/s",
-                 "generate()/ours"], rows), flush=True)
+          f"median of {repeats}, transformers {transformers.__version__}, "
+          f"{torch.get_num_threads()} torch thread(s))")
+    print(table(["batch", "ours s", "generate() s", "plain loop s", "ours tok/s",
+                 "generate() tok/s", "generate()/ours", "ours/plain loop"], rows), flush=True)
 
     # Roofline at batch 1: bytes one decode step must read vs the time it takes.
     bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)

@@ -16,7 +16,8 @@ EXPECTED_RATIOS = {
     "chunked": {"chunked_p99_itl_improvement", "size_aware_p99_ttft_improvement"},
     "kv": {"cache_speedup_256", "cache_speedup_512"},
     "decode": {"decode_mbu_b1_eager", "decode_mbu_b1_compiled", "compiled_vs_eager_b1", "compile_s"},
-    "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction"},
+    "hf": {"vs_hf_generate_b1", "vs_hf_generate_b8", "decode_roofline_fraction",
+           "plain_loop_vs_ours_b1", "plain_loop_vs_ours_b8"},
     "quant": {"int8_weight_memory_ratio", "int8_kv_memory_ratio", "int8_val_loss_delta",
               "int8_kv_val_loss_delta", "int8_decode_speedup", "int8_kv_decode_speedup_long",
               "bf16_decode_speedup"},
@@ -38,6 +39,7 @@ def _check_report(data: dict, suite: str) -> None:
     assert all(isinstance(v, float) and (v > 0 or k.endswith("_delta"))
                for k, v in data["ratios"].items())
     assert data["machine"]["torch"] and data["machine"]["cpu_count"]
+    assert data["machine"]["torch_threads"] == 1     # one torch thread per process in bench
     assert data["date"][:2] == "20"
 
 
@@ -74,9 +76,12 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         m = data["measurements"]
         assert m["tokens_equal"] is True and [r["batch"] for r in m["sweep"]] == [1, 2]
         assert all(r["memory_bound_ms"] > 0 and r["compute_bound_ms"] > 0 for r in m["sweep"])
+        assert [e["rows"] for e in m["engine_vs_cost_model"]] == [2, 4]
+        assert all(e["measured_ms"] > 0 and e["cost_model_ms"] > 0 for e in m["engine_vs_cost_model"])
     elif suite == "hf":
         roof = data["measurements"]["roofline"]
         assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
+        assert all(data["measurements"][b]["plain_loop_s"] > 0 for b in ("b1", "b8"))
     elif suite == "parallel":  # two ranks ran: 2 all-reduces per block, a share of the time
         assert data["measurements"]["tp"]["all_reduces_per_forward"] == 4
         assert 0 < data["ratios"]["tp2_allreduce_share"] < 1

@@ -81,4 +81,32 @@ def test_cuda_graphs_give_eager_tokens_on_cuda() -> None:
     want = generate_batch(model, prompts, 16)
     assert generate_compiled(model, prompts, 16) == want
     decoder = compiled_decoder(model, 2)
-    assert decoder.mode == "reduce-overhead" and decoder.cache.k.is_cuda
+    assert decoder.mode == "reduce-overhead" and decoder.cache.k[0].is_cuda
+
+
+@torch.no_grad()
+def test_engine_with_compiled_mlps_gives_eager_tokens() -> None:
+    # What `serve --compile` runs: the engine's token-wise layers compiled for a dynamic
+    # token count (inductor), attention eager; ragged prompts, chunked prefill and decode.
+    from tinyserve.engine import EngineConfig, generate_many
+    prompts = [random_prompt(64, n, seed=n) for n in (3, 9, 5)]
+    sizes = dict(num_blocks=32, block_size=4, max_num_batched_tokens=8)
+    want = generate_many(sharp_model(ONE_LAYER, seed=5), prompts, 10, EngineConfig(**sizes))
+    compiled = sharp_model(ONE_LAYER, seed=5)
+    got = generate_many(compiled, prompts, 10, EngineConfig(**sizes, compile=True))
+    assert got == want and all(len(t) == 10 for t in got)
+    assert all(k.startswith(("model.", "lm_head")) for k in compiled.state_dict())  # names kept
+
+
+def test_serve_compile_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import tinyserve.serving.server as server
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda host, port, **kw: seen.update(kw))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "--port", str(port), "--compile"]) == 0
+    assert seen["engine_config"].compile is True
+    assert main(["serve", "--port", str(port)]) == 0
+    assert seen["engine_config"].compile is False

@@ -220,3 +220,28 @@ def test_logits_at_selects_positions(model) -> None:
     ids = torch.tensor([random_prompt(CFG.vocab_size, 12, seed=3)])
     at = torch.tensor([0, 5, 11])
     torch.testing.assert_close(model(ids, logits_at=at), model(ids)[:, at])
+
+
+def test_decode_rows_gathered_by_block_equal_gathered_by_slot(model) -> None:
+    # Rows that carry their block table are gathered a block at a time (the engine's path);
+    # the logits must be those of the slot-by-slot gather, rows of different lengths.
+    bm = BlockManager(32, 4, enable_prefix_caching=False)
+    prompts = [random_prompt(CFG.vocab_size, n, seed=n) for n in (9, 6, 13)]
+    by_slot, by_block = PagedKVCache(model.config, 32, 4), PagedKVCache(model.config, 32, 4)
+    for i, toks in enumerate(prompts):
+        bm.allocate(f"r{i}", toks)
+        slots = [bm.slot(f"r{i}", p) for p in range(len(toks) - 1)]
+        for cache in (by_slot, by_block):
+            cache.prepare([RowSpec(slots, slots, 0)])
+            model(torch.tensor([toks[:-1]]), torch.arange(len(toks) - 1)[None], cache)
+    out = []
+    for cache, tables in ((by_slot, False), (by_block, True)):
+        rows = []
+        for i, toks in enumerate(prompts):
+            slots = [bm.slot(f"r{i}", p) for p in range(len(toks))]
+            rows.append(RowSpec(slots[-1:], slots, len(toks) - 1,
+                                bm.tables[f"r{i}"].blocks if tables else None))
+        assert cache.prepare(rows).decode_by_block is tables
+        out.append(model(torch.tensor([[t[-1] for t in prompts]]),
+                         torch.tensor([[len(t) - 1 for t in prompts]]), cache)[0])
+    torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)

@@ -152,3 +152,36 @@ def test_cache_on_cuda_follows_the_model_and_equals_recompute(model: TinyLlama) 
     cache = KVCache.for_model(half, 2)
     assert cache.k.device.type == "cuda" and cache.k.dtype == torch.bfloat16
     assert len(list(generate_stream(half, prompt, 5))) == 5
+
+
+def test_an_appending_decode_step_needs_no_mask_and_others_do(model: TinyLlama) -> None:
+    """``None`` key positions (no mask) only when every row appends at one shared position;
+    a step after a ragged rewind, or one that overwrites, still gets its positions."""
+    kv, hd = SMALL.num_key_value_heads, SMALL.head_dim
+    cache = KVCache(SMALL, batch_size=2, max_seq=8)
+    k = torch.randn(2, kv, 3, hd)
+    cache.update(0, k, k, torch.arange(3).expand(2, 3))
+    k1 = torch.randn(2, kv, 1, hd)
+    keys, _, k_pos = cache.update(0, k1, k1, torch.tensor([[3], [3]]))
+    assert k_pos is None and keys.shape[2] == 4             # all four slots, all visible
+    torch.testing.assert_close(keys[:, :, 3], k1[:, :, 0])
+    cache.rewind([2, 4])
+    _, _, k_pos = cache.update(0, k1, k1, torch.tensor([[2], [4]]))
+    assert k_pos.tolist() == [[0, 1, 2, -1, -1], [0, 1, 2, 3, 4]]
+    cache.rewind([3, 3])
+    _, _, k_pos = cache.update(0, k1, k1, torch.tensor([[1], [1]]))  # an overwrite, not an append
+    assert k_pos.tolist() == [[0, 1, 2], [0, 1, 2]]
+
+
+
+def test_a_maskless_batched_decode_step_equals_recompute(model: TinyLlama) -> None:
+    """Two rows appending at one position take the no-mask path; their logits are those of
+    re-running each whole sequence."""
+    prompts = torch.tensor([_prompt(6, 1), _prompt(6, 2)])
+    cache = KVCache.for_model(model, 2, 12)
+    prefill(model, prompts, cache)
+    tokens = torch.tensor([3, 4])
+    fast = decode_step(model, tokens, torch.tensor([6, 6]), cache)
+    with torch.no_grad():
+        slow = model(torch.cat([prompts, tokens[:, None]], 1))[:, -1]
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)

@@ -145,3 +145,19 @@ def test_fused_projections_equal_separate_ones_and_follow_weight_changes() -> No
     torch.testing.assert_close(fused_after, changed, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(changed, separate)
     assert all("_fused" not in k for k in model.state_dict())   # names unchanged for export
+
+
+def test_rope_table_rows_equal_rope_cos_sin_and_follow_the_dtype() -> None:
+    # At inference the rotary cos/sin come from a table of every position; it must hold
+    # exactly what rope_cos_sin computes, and be rebuilt when the model changes dtype.
+    model = TinyLlama(SMALL).eval()
+    positions = torch.tensor([[0, 5, 63], [7, 7, 1]])
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            model.to(dtype)
+            cos, sin = model.rope(positions)
+            ref_cos, ref_sin = rope_cos_sin(positions, SMALL.head_dim, SMALL.rope_theta, dtype)
+            assert cos.dtype == dtype and cos.shape == ref_cos.shape == (2, 1, 3, SMALL.head_dim)
+            torch.testing.assert_close(cos, ref_cos, rtol=0, atol=0)
+            torch.testing.assert_close(sin, ref_sin, rtol=0, atol=0)
+    assert all("rope" not in k for k in model.state_dict())     # nothing new to export

@@ -230,6 +230,8 @@ def add_serve_parser(sub: SubParsers) -> None:
     s.add_argument("--drain-timeout", dest="drain_timeout_s", type=float, metavar="SECONDS",
                    default=d.drain_timeout_s,
                    help="seconds in-flight requests get to finish at shutdown")
+    s.add_argument("--compile", action="store_true",
+                   help="torch.compile the engine's MLPs (dynamic token count); compiles first")
     s.set_defaults(func=_cmd_serve)
 
 

@@ -46,6 +46,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static: bool = False
     policy: str | Policy = "fcfs"
+    compile: bool = False   # compile the token-wise layers (tinyserve.compiled.compile_token_layers)
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,8 @@ class ModelExecutor:
             # Slot of position p: table[p // block_size] * block_size + p % block_size.
             table = torch.tensor(blocks.tables[seq.seq_id].blocks)
             slots = (table[:, None] * bs + offsets).flatten()[:start + n]
-            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start))
+            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start,
+                                block_table=blocks.tables[seq.seq_id].blocks))
         device = self.model.device
         self.cache.prepare(rows)
         # Only a row that reaches the end of its sequence samples; a prefill chunk that is
@@ -115,13 +117,17 @@ class ModelExecutor:
         at = torch.tensor([e for e in ends if e is not None], device=device, dtype=torch.long)
         logits = self.model(torch.tensor([ids], device=device),
                             torch.tensor([positions], device=device), self.cache, logits_at=at)[0]
+        # Greedy rows (sample()'s temperature-0 case, an argmax) are picked together: one
+        # operation and one read-back for the step instead of one per row.
+        greedy = logits.argmax(dim=-1).tolist() if len(at) else []
         out: list[int | None] = []
         j = 0
         for seq, end in zip(batch.seqs, ends):
             if end is None:
                 out.append(None)
                 continue
-            out.append(int(sample_with(logits[j:j + 1], seq.sampling, seq.generator)))
+            out.append(greedy[j] if seq.sampling.temperature == 0 else
+                       int(sample_with(logits[j:j + 1], seq.sampling, seq.generator)))
             j += 1
         return out
 
@@ -134,6 +140,9 @@ class Engine:
         if executor is None:
             if model is None:
                 raise ValueError("give a model, or an executor (e.g. a SimulatedExecutor)")
+            if config.compile:
+                from .compiled import compile_token_layers
+                compile_token_layers(model)
             executor = ModelExecutor(model, config.num_blocks, config.block_size)
         self.executor = executor
         self.context_window = context_window or (model.config.max_position_embeddings

@@ -75,15 +75,22 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-@torch.no_grad()
-def prefill(model: TinyLlama, ids: Tensor, cache: KVCache) -> Tensor:
+# Inference mode, not just no_grad: tensors made inside skip autograd's version counters
+# and view tracking, which is a measurable share of a decode step of a small model. (The
+# logits they return are "inference tensors": read them freely, but not in place.)
+@torch.inference_mode()
+def prefill(model: TinyLlama, ids: Tensor, cache: KVCache,
+            logits_at: Tensor | None = None) -> Tensor:
     """Run the prompts ``ids`` (B, T) through the model once, writing every position's key
-    and value into ``cache``; return the logits of every position (B, T, vocab)."""
+    and value into ``cache``; return the logits of every position (B, T, vocab), or only
+    of the positions ``logits_at`` (B, len(logits_at), vocab): generation samples from
+    each row's last position only, and scoring the vocabulary at every prompt position
+    would cost as much as a few decode steps."""
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    return model(ids, positions, cache)
+    return model(ids, positions, cache, logits_at=logits_at)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
     """Feed one token per row (B,) at its position (B,); return next-token logits (B, vocab).
 
@@ -126,7 +133,9 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     trace.admitted = clock(device)
 
     trace.prefill_start = clock(device)
-    logits = prefill(model, ids, cache)[:, -1] if cache is not None else model(ids)[:, -1]
+    last = torch.tensor([len(prompt_ids) - 1], device=device)
+    logits = (prefill(model, ids, cache, logits_at=last)[:, -1] if cache is not None
+              else model(ids, logits_at=last)[:, -1])
     trace.prefill_end = clock(device)
     position = len(prompt_ids)
     trace.finish_reason = "length" if steps == max_tokens else "window"
@@ -194,7 +203,8 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
 
     cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache else None
     if cache is not None:
-        logits = prefill(model, padded, cache)[rows, last]
+        # Only each row's last prompt position is scored: (B, B, vocab), row b's at [b, b].
+        logits = prefill(model, padded, cache, logits_at=last)[rows, rows]
         cache.rewind(lengths)
     else:
         seqs = [list(p) for p in prompts]

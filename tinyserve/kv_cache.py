@@ -58,7 +58,8 @@ class KVCache:
         # never waits for the device.
         self.lengths: list[int] = [0] * batch_size
         # Set once per forward pass (at layer 0) and shared by every layer:
-        self._k_positions: Tensor | None = None  # (B, Tk) position of each returned slot
+        self._k_positions: Tensor | None = None  # (B, Tk) position of each returned slot,
+        self._n_visible = 0                      # or None when all Tk = _n_visible are visible
         self._write: tuple[Tensor, Tensor] | slice = slice(0)  # where this step's tokens go
 
     @classmethod
@@ -82,7 +83,9 @@ class KVCache:
                positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write this step's keys and values (B, n_kv_heads, T, head_dim) at slots
         ``positions`` (B, T) and return all keys and values up to the longest row, with
-        each slot's position (B, Tk) (``-1`` where a row has nothing written)."""
+        each slot's position (B, Tk) (``-1`` where a row has nothing written), or ``None``
+        in place of the positions when every row has just appended one token at the same
+        position: then every returned slot is visible to every query."""
         B, _, T, _ = k.shape
         if B != self.batch_size:
             raise ValueError(f"the cache holds {self.batch_size} sequences, got a batch of {B}")
@@ -97,8 +100,7 @@ class KVCache:
             # Advanced indices (rows, slots) around a slice put (B, T) first: (B, T, n_kv, hd).
             self.k[layer][rows, :, slots] = k.transpose(1, 2)
             self.v[layer][rows, :, slots] = v.transpose(1, 2)
-        assert self._k_positions is not None
-        n = self._k_positions.shape[1]
+        n = self._n_visible
         return self.k[layer].narrow(2, 0, n), self.v[layer].narrow(2, 0, n), self._k_positions
 
     def _advance(self, positions: Tensor) -> None:
@@ -119,20 +121,29 @@ class KVCache:
                 # A gap would leave unwritten slots that the mask treats as real tokens.
                 raise ValueError(f"row {b} holds {self.lengths[b]} tokens, so its next write "
                                  f"must start at position {self.lengths[b]}, not {lo}")
-        self.lengths = [max(n, hi + 1) for n, hi in zip(self.lengths, last)]
         B, T = positions.shape
-        if T == 1 and len(set(first)) == 1:  # the common decode step: one shared position
+        # The common decode step: one new token per row, every row appending at the same
+        # position. Then every slot a row has written is visible to its one query, so no
+        # mask is needed and the slot positions need not be built (about a dozen small
+        # tensor operations per step saved; the model reads ``None`` as "all visible").
+        appending = T == 1 and len(set(first)) == 1 and all(n == first[0] for n in self.lengths)
+        self.lengths = [max(n, hi + 1) for n, hi in zip(self.lengths, last)]
+        if T == 1 and len(set(first)) == 1:  # every row writes the same slot: a plain copy
             self._write = slice(first[0], first[0] + 1)
         else:
             self._write = (torch.arange(B, device=positions.device)[:, None].expand(B, T),
                            positions)
-        self._refresh_positions()
+        if appending:
+            self._k_positions, self._n_visible = None, first[0] + 1
+        else:
+            self._refresh_positions()
 
     def _refresh_positions(self) -> None:
         n = max(self.lengths)
         slots = torch.arange(n, device=self.k.device)
         lengths = torch.tensor(self.lengths, device=self.k.device)
         self._k_positions = torch.where(slots[None, :] < lengths[:, None], slots, -1)
+        self._n_visible = n
 
     def rewind(self, lengths: Sequence[int]) -> None:
         """Forget everything at or past ``lengths[b]`` in row ``b``.

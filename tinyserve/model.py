@@ -25,11 +25,13 @@ class KVStore(Protocol):
 
     ``update`` stores this step's keys and values for layer ``layer`` and returns every key
     and value the new queries may look at, with the position of each key. A key position
-    below zero marks an empty or padded slot that no query may attend to.
+    below zero marks an empty or padded slot that no query may attend to. ``None`` in place
+    of the key positions says every returned key is visible to every query (a decode step
+    in which each row appended one token at the same position): no mask to build or apply.
     """
 
     def update(self, layer: int, k: Tensor, v: Tensor,
-               positions: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+               positions: Tensor) -> tuple[Tensor, Tensor, Tensor | None]: ...
 
 
 class AttentionBackend(Protocol):
@@ -54,8 +56,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         # Normalise in fp32 whatever the model dtype: the mean of squares underflows in bf16.
         # F.rms_norm is x * rsqrt(mean(x^2) + eps) in one call (one dispatch, not six).
-        if x.dtype == torch.float32:   # already fp32: skip two no-op casts per call
-            return self.weight * F.rms_norm(x, (x.shape[-1],), eps=self.eps)
+        if x.dtype == torch.float32:   # already fp32: no casts, and the gain applied inside
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return self.weight * normed.to(x.dtype)
 
@@ -117,6 +119,9 @@ def fused_linear(x: Tensor, owner: nn.Module, linears: tuple[nn.Module, ...]) ->
     stay separate, so state dicts and the Hugging Face export keep their names. The stacked
     copy is rebuilt when any weight is replaced or changed in place (its data pointer or
     version counter moves); layers that are not plain ``nn.Linear`` (int8) run one by one.
+    The copy is stored transposed, (in, out): ``x @ w`` on it was up to 1.5x faster than
+    ``F.linear`` on the (out, in) layout for one row (a micro-benchmark, one thread, this
+    course's 2-core CPU).
     """
     if (torch.is_grad_enabled() or torch.compiler.is_compiling()
             or not all(type(lin) is nn.Linear for lin in linears)):
@@ -125,9 +130,10 @@ def fused_linear(x: Tensor, owner: nn.Module, linears: tuple[nn.Module, ...]) ->
     key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
     cached = owner.__dict__.get("_fused_weight")
     if cached is None or cached[0] != key:
-        cached = (key, torch.cat(weights), [w.shape[0] for w in weights])
+        with torch.inference_mode(False):  # a plain tensor, usable outside inference mode
+            cached = (key, torch.cat(weights).t().contiguous(), [w.shape[0] for w in weights])
         owner.__dict__["_fused_weight"] = cached
-    return F.linear(x, cached[1]).split(cached[2], dim=-1)
+    return (x @ cached[1]).split(cached[2], dim=-1)
 
 
 class Attention(nn.Module):
@@ -175,7 +181,7 @@ class Attention(nn.Module):
             return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
         mask = masks.get("grouped") if masks is not None else None
-        if mask is None:
+        if mask is None and k_positions is not None:  # None: the cache says all visible
             mask = grouped_mask(causal_mask(positions, k_positions), n_rep)
             if masks is not None:
                 masks["grouped"] = mask
@@ -259,6 +265,26 @@ class TinyLlama(nn.Module):
         """Unique parameters (the tied embedding counts once)."""
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
 
+    def rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """:func:`rope_cos_sin` for ``positions`` (B, T).
+
+        At inference the rows come from a table of every position in the context window,
+        computed once by that same function: a decode step then looks up two rows instead
+        of running a dozen small operations (what serving engines do with their
+        "cos/sin cache"). Training and ``torch.compile`` tracing compute them directly."""
+        cfg = self.config
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, self.dtype)
+        key = (positions.device, self.dtype)
+        table = self.__dict__.get("_rope_table")
+        if table is None or table[0] != key:
+            with torch.inference_mode(False):  # a plain tensor, usable outside inference mode
+                every = torch.arange(cfg.max_position_embeddings, device=positions.device)
+                cos, sin = rope_cos_sin(every[None], cfg.head_dim, cfg.rope_theta, self.dtype)
+            table = (key, cos[0, 0], sin[0, 0])               # (window, head_dim) each
+            self.__dict__["_rope_table"] = table
+        return table[1][positions][:, None], table[2][positions][:, None]
+
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVStore | AttentionBackend | None = None,
                 logits_at: Tensor | None = None) -> Tensor:
@@ -284,7 +310,7 @@ class TinyLlama(nn.Module):
             raise ValueError(
                 f"position {int(positions.max())} is outside the context window of {limit} "
                 f"tokens; shorten the prompt or lower max_tokens so prompt + output <= {limit}.")
-        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, self.dtype)
+        cos, sin = self.rope(positions)
         x = self.model.embed_tokens(input_ids)
         masks: dict[str, Tensor] = {}   # the attention mask, built by layer 0, read by all
         for layer in self.model.layers:

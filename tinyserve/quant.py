@@ -221,8 +221,7 @@ class Int8KVCache(KVCache):
             self._advance(positions)
         self._store(self.k, self.k_scale, layer, *quantize_rows(k))
         self._store(self.v, self.v_scale, layer, *quantize_rows(v))
-        assert self._k_positions is not None
-        n = self._k_positions.shape[1]
+        n = self._n_visible
         # Attention reads every cached slot each step, so each step dequantizes them all:
         # the overhead that can eat the bandwidth saved when the matmuls are not fused.
         keys = dequantize_rows(self.k[layer, :, :, :n], self.k_scale[layer, :, :, :n], self.dtype)

@@ -25,6 +25,7 @@ class ServeOptions:
     queue_timeout_s: float = 30.0       # seconds a request may wait for admission
     drain_timeout_s: float = 10.0       # seconds in-flight requests get at shutdown
     allow_remote: bool = False
+    compile: bool = False               # torch.compile the engine's token-wise layers
 
     def check(self) -> None:
         """Raise ValueError naming the flag and its limit for a value the server cannot use."""
@@ -50,7 +51,8 @@ class ServeOptions:
                 "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "chunked_prefill": self.chunked_prefill,
-                "enable_prefix_caching": self.prefix_caching, "policy": self.policy}
+                "enable_prefix_caching": self.prefix_caching, "policy": self.policy,
+                "compile": self.compile}
 
     def app_kwargs(self) -> dict[str, Any]:
         """What :func:`~tinyserve.serving.server.create_app` takes besides the engine config."""
