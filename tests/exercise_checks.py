@@ -57,11 +57,20 @@ def execute_trusted(nb, workdir: Path):
 
     from jupyter_client import AsyncKernelManager
 
+    import torch
+
     from autograder.execute import run_notebook
     from autograder.worker import grading_plan
-    run_notebook(nb, AsyncKernelManager(kernel_name="python3"), cwd=str(workdir),
-                 plan=grading_plan(nb), cell_timeout=600, total_timeout=3600,
-                 kernel_output=subprocess.DEVNULL)
+    # The trusted side computes the references in this process: one torch thread, as in a
+    # grading worker (autograder.grade.WORKER_ENV); two beside a busy kernel oversubscribe.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_notebook(nb, AsyncKernelManager(kernel_name="python3"), cwd=str(workdir),
+                     plan=grading_plan(nb), cell_timeout=600, total_timeout=3600,
+                     kernel_output=subprocess.DEVNULL)
+    finally:
+        torch.set_num_threads(threads)
     return nb
 
 
