@@ -23,7 +23,7 @@ PYTEST_ARGS  ?=
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help \
+.PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help peers \
         collect autograde feedback export grade-bench check gpu-wheels gpu-check
 
 help:
@@ -33,6 +33,7 @@ help:
 	@echo "make e2e     run only the browser tests (JupyterLab in headless Chromium)"
 	@echo "make hub     a class on JupyterHub: accounts, exchange, hub (as root; README)"
 	@echo "make train   retrain the shipped models (target and draft)"
+	@echo "make peers   install guidellm and transformers serve (own venvs) for bench peers"
 
 # The stamp depends on pyproject.toml, so a changed dependency list reinstalls.
 $(VENV)/.stamp-base: pyproject.toml
@@ -156,6 +157,29 @@ hub: $(VENV)/.stamp-hub $(CHP)
 	echo "Stop it with Ctrl-C. The class logs in at:"; \
 	echo "http://$(HUB_IP):$(HUB_PORT)/hub/login"; \
 	wait $$pid
+
+# ---- Peers: tools no one here wrote, for `python -m tinyserve bench peers` ----------------
+# Each in its own venv under .venv-peers/ (git-ignored), from the package index, CPU torch
+# first and pinned (so no CUDA build is pulled). Nothing they run downloads anything: the
+# bench hands them the folder `python -m tinyserve export-hf` writes and sets HF_HUB_OFFLINE.
+PEERS_DIR        ?= .venv-peers
+GUIDELLM_SPEC    ?= guidellm==0.8.1
+TRANSFORMERS_SPEC ?= transformers[serving]==5.24.0 accelerate==1.15.0
+PEER_CONSTRAINT  := $(PEERS_DIR)/constraints.txt
+
+$(PEERS_DIR)/%/.stamp:
+	@mkdir -p $(PEERS_DIR)
+	@echo "$(TORCH_SPEC)" > $(PEER_CONSTRAINT)
+	@test -x $(PEERS_DIR)/$*/bin/python || $(PYTHON) -m venv $(PEERS_DIR)/$*
+	$(PEERS_DIR)/$*/bin/python -m pip install -q --upgrade pip
+	$(PEERS_DIR)/$*/bin/python -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(PEERS_DIR)/$*/bin/python -m pip install -q -c $(PEER_CONSTRAINT) $(PEER_SPEC)
+	@touch $@
+
+peers:
+	@$(MAKE) --no-print-directory $(PEERS_DIR)/guidellm/.stamp PEER_SPEC="$(GUIDELLM_SPEC)"
+	@$(MAKE) --no-print-directory $(PEERS_DIR)/transformers/.stamp PEER_SPEC="$(TRANSFORMERS_SPEC)"
+	@echo "peers ready in $(PEERS_DIR)/: run .venv/bin/python -m tinyserve bench peers"
 
 train: $(VENV)/.stamp-base
 	$(PY) -m tinyserve train --preset target

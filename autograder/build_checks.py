@@ -303,3 +303,47 @@ def reference_cache(cfg: dict, max_seq: int, device: torch.device | str,
     if prefill is not None:
         cache.prefill_with(*prefill)
     return cache
+
+
+# ------------------------------------------------------------------ reference pieces
+
+def _reference_piece(spec: object, scope: dict):
+    """The tinyserve function ``spec`` names: "tinyserve.module.name", or [that, {parameter:
+    notebook name}] for a reference that takes a notebook function (the given forward pass)."""
+    import functools
+    import importlib
+    path, binds = (spec, {}) if type(spec) is str else tuple(spec)  # type: ignore[misc]
+    module, _, attr = str(path).rpartition(".")
+    if module.split(".")[0] != _REFERENCE or attr.startswith("_"):
+        raise ValueError(f"{path!r}: a reference piece is a public function of {_REFERENCE}")
+    fn = getattr(importlib.import_module(module), attr)
+    return functools.partial(fn, **{p: scope[n] for p, n in dict(binds).items()}) if binds else fn
+
+
+def call_with_pieces(fn: object, pieces: dict, args: tuple | list,
+                     count: str | None = None) -> tuple[object, list[int]]:
+    """``fn(*args)`` with the notebook names in ``pieces`` bound, for this call only, to
+    tinyserve's reference functions, so a later part is judged on its own and not on the
+    learner's earlier parts. ``count`` names a notebook function whose calls are recorded (the
+    batch size, ``len`` of its first argument, of each): returns (the result, those sizes).
+    Runs in the learner's kernel; a trusted runner sends only names, so no test code crosses."""
+    scope = getattr(getattr(fn, "func", fn), "__globals__", None)
+    if not isinstance(scope, dict):
+        raise TypeError("expected a function defined in the notebook")
+    batches: list[int] = []
+    bound = {name: _reference_piece(spec, scope) for name, spec in dict(pieces).items()}
+    if count is not None:
+        counted = scope[count]
+
+        def recorded(*a, **k):
+            batches.append(len(a[0]) if a else -1)
+            return counted(*a, **k)
+        bound[count] = recorded
+    saved = {name: scope[name] for name in bound if name in scope}
+    try:
+        scope.update(bound)
+        return fn(*args), batches  # type: ignore[operator]
+    finally:
+        for name in bound:
+            scope.pop(name, None)
+        scope.update(saved)

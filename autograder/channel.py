@@ -364,9 +364,9 @@ class Constants:
         number = kept[2]
         if number in self._sent:
             return {"$c": number}
-        from .wire import _tensor_bytes
+        from .wire import _tensor_node
         self._pending.add(number)
-        return {"$cset": [number, {"$tensor": list(_tensor_bytes(t))}]}
+        return {"$cset": [number, {"$tensor": _tensor_node(t)}]}
 
     def begin(self) -> None:
         self._pending = set()

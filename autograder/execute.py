@@ -28,6 +28,7 @@ ARM = "import autograder.testkit"
 GUARD = ("from autograder.testkit import check_close, check_equal, check; "
          "__import__('autograder.testkit').testkit._guard()\n")
 TIMEOUT_NAME = "CellTimeout"
+STOPPED = "an earlier test failed and the run stopped there (stop_at_failure)"
 
 
 @dataclass
@@ -79,15 +80,18 @@ class Plan:
     """Where each code cell runs. ``tests``: test cells the trusted runner executes (never
     the kernel); ``both``: read-only cells, run in the kernel (the student's code uses what
     they bind) and by the runner (the tests use it); ``guarded``: test cells that run in the
-    kernel behind the testkit's guard (the old design: every test, with ``trusted_tests``
-    False, kept so the tests can show what it fell for; with it True, only cells whose
-    metadata asks for it, see ``autograder.worker.grading_plan``). Every other code cell
-    runs only in the kernel."""
+    kernel behind the testkit's guard (the old design, with ``trusted_tests`` False: kept so
+    the tests can show what it fell for; the grading plan never sets it, see
+    ``autograder.worker.grading_plan``). Every other code cell runs only in the kernel.
+    ``stop_at_failure``: after the first test cell that fails, every later cell is "not run"
+    (``STOPPED``); only the mutants tool asks for it, as a mutant that failed one test has
+    lost marks whatever the rest would show."""
     trusted_tests: bool = True
     tests: set[int] = field(default_factory=set)
     both: set[int] = field(default_factory=set)
     guarded: set[int] = field(default_factory=set)
     trusted_cwd: str | None = None
+    stop_at_failure: bool = False
 
 
 def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
@@ -154,6 +158,7 @@ class _Run:
         self.deadline = self.start + total_timeout
         self.code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
         self.stop_reason = ""
+        self.stopped = False   # stop_at_failure fired: later cells are skipped, the kernel lives
         self.tests = None
         if plan.trusted_tests:
             from .trusted import TrustedRunner
@@ -165,8 +170,8 @@ class _Run:
 
     def step(self, index: int) -> None:
         cell = self.nb.cells[index]
-        if self.stop_reason:
-            self.report.cells[index] = CellResult("not_run", evalue=self.stop_reason)
+        if self.stop_reason or self.stopped:
+            self.report.cells[index] = CellResult("not_run", evalue=self.stop_reason or STOPPED)
             return
         remaining = self.deadline - time.monotonic()
         if remaining <= 1:
@@ -178,8 +183,11 @@ class _Run:
         timeout = max(1, int(min(self.cell_timeout, remaining)))
         if self.tests is not None and index in self.plan.tests:
             self._trusted(index, cell, timeout)
+            self._stop_if_failed(index)
             return
         result = self._in_kernel(index, cell, timeout)
+        if index in self.plan.guarded:
+            self._stop_if_failed(index)
         if self.tests is None:
             return
         if index in self.plan.both and result.status == "ok":
@@ -199,6 +207,11 @@ class _Run:
         elif result.status == "timeout":
             self.report.events.append(f"{_label(cell, index)}: your code ran longer than "
                                       f"{timeout} s when the test called it and was interrupted")
+
+    def _stop_if_failed(self, index: int) -> None:
+        """stop_at_failure: a failed test cell ends the run (the integrity report still comes)."""
+        if self.plan.stop_at_failure and self.report.cells[index].status != "ok":
+            self.stopped = True
 
     def _kernel_gone(self, reason: str) -> None:
         self.stop_reason = reason

@@ -59,8 +59,11 @@ def autograde(course: Course, assignment: str, *, students: list[str] | None = N
               workers: int | None = None, unsafe: bool = False, cell_timeout: float = 60,
               total_timeout: float = 600, limits: dict | None = None,
               progress: bool = True, record: bool = True,
-              tests_in: str = "trusted") -> list[dict]:
+              tests_in: str = "trusted", stop_at_failure: bool = False) -> list[dict]:
     """Grade every collected submission of ``assignment``; return the result records.
+
+    ``stop_at_failure`` ends each run at its first failed test (later cells "not run"):
+    only for the mutants tool, which needs to know whether a mutant loses marks, not how many.
 
     ``tests_in="kernel"`` runs the test cells in the student's kernel, the design this
     grader replaced; only the tests use it, to show which attacks that design fell for.
@@ -80,7 +83,8 @@ def autograde(course: Course, assignment: str, *, students: list[str] | None = N
     workers = max(1, workers or os.cpu_count() or 1)
     jobs = [Job(root=str(course.root), assignment=assignment, student=s,
                 unsafe=unsafe, cell_timeout=cell_timeout, total_timeout=total_timeout,
-                tests_in=tests_in, **({"limits": limits} if limits else {})) for s in students]
+                tests_in=tests_in, stop_at_failure=stop_at_failure,
+                **({"limits": limits} if limits else {})) for s in students]
     with coordinator_lock(course):
         if record:
             ensure_in_gradebook(course, assignment)

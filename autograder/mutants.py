@@ -12,6 +12,12 @@ Only code between ``### BEGIN SOLUTION`` and ``### END SOLUTION`` is mutated: th
 learner writes. Each mutant is spliced into the cell's source text at the changed node, so
 the rest of the cell (comments, layout) stays as written. ``--sample N`` grades a seeded
 random subset, for a quick estimate on a large assignment.
+
+Each mutant's run stops at its first failed test (``stop_at_failure``): from there it has
+lost marks whatever the later cells would show, so they are skipped. That holds only while
+the unmutated solution passes every test, so the tool checks that first and refuses
+otherwise; ``--full-runs`` grades every cell of every mutant (the same verdicts, slower;
+it also scores a solution that fails some tests, against the marks it gets).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from pathlib import Path
 import nbformat
 
 from .course import Course, CourseError, release
+from .execute import STOPPED
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
@@ -190,13 +197,24 @@ def _write_submission(course: Course, name: str, student: str, source_dir: Path,
 
 def mutation_score(course: Course, name: str, *, sample: int | None = None, seed: int = 0,
                    workers: int | None = None, unsafe: bool = False,
-                   cell_timeout: float = 60, timeout: float = 600) -> dict:
+                   cell_timeout: float = 60, timeout: float = 600,
+                   full_runs: bool = False, cells: list[str] | None = None) -> dict:
     """Grade the solution and each mutant of ``name`` in a scratch copy of the course; returns
-    {"assignment", "mutants", "killed", "score", "survivors": [...], "baseline"}."""
+    {"assignment", "mutants", "killed", "score", "survivors": [...], "baseline",
+    "stopped_early", "not_graded"}: how many mutant runs ended at their first failed test,
+    and the mutants killed without a grade (failed or flagged runs), with why. ``cells``:
+    only the mutants of these answer cells (grade ids), e.g. to re-check one cell's fix."""
     from .grade import autograde
     course.check_assignment(name)
     source_dir = course.source / name
     mutants = assignment_mutants(source_dir)
+    if cells:
+        unknown = sorted(set(cells) - {m.cell for m in mutants})
+        if unknown:
+            raise CourseError(f"{name}: no mutants in cell(s) {', '.join(unknown)[:200]}; the "
+                              f"answer cells with mutants are "
+                              f"{', '.join(sorted({m.cell for m in mutants}))[:300]}")
+        mutants = [m for m in mutants if m.cell in cells]
     total = len(mutants)
     if sample is not None and sample < total:
         mutants = random.Random(seed).sample(mutants, sample)
@@ -211,11 +229,16 @@ def mutation_score(course: Course, name: str, *, sample: int | None = None, seed
             _write_submission(scratch, name, f"m{i:04d}", source_dir, mutant)
         results = {r["student"]: r for r in autograde(
             scratch, name, workers=workers, unsafe=unsafe, cell_timeout=cell_timeout,
-            total_timeout=timeout, progress=False)}
+            total_timeout=timeout, progress=False, stop_at_failure=not full_runs)}
     base = results["baseline"]
     if base["status"] != "graded":
         raise CourseError(f"{name}: the unmutated solution was not graded ({base['status']}: "
                           f"{'; '.join(base['reasons'] + base['flags'])[:300]}); fix it first")
+    failed = [t["grade_id"] for t in _tests(base) if t["kind"] != "manual" and not t["passed"]]
+    if failed and not full_runs:
+        raise CourseError(f"{name}: the unmutated solution fails {', '.join(failed)[:300]}; "
+                          "stopping each mutant at its first failed test needs a solution that "
+                          "passes every test: fix it, or pass --full-runs")
     survivors = [asdict(m) | {"score": results[f"m{i:04d}"]["score"]}
                  for i, m in enumerate(mutants)
                  if results[f"m{i:04d}"]["status"] == "graded"
@@ -223,8 +246,22 @@ def mutation_score(course: Course, name: str, *, sample: int | None = None, seed
     for s in survivors:
         s.pop("source")
     killed = len(mutants) - len(survivors)
+    stopped = sum(any(t["message"] == f"not run: {STOPPED}" for t in _tests(results[f"m{i:04d}"]))
+                  for i in range(len(mutants)))
+    # Killed without a grade (the run failed or was flagged): listed, so a grader fault
+    # cannot pass for a strong test unseen.
+    not_graded = [{"cell": m.cell, "line": m.line, "change": m.change,
+                   "status": results[f"m{i:04d}"]["status"],
+                   "why": "; ".join(results[f"m{i:04d}"]["reasons"]
+                                    + results[f"m{i:04d}"]["flags"])[:300]}
+                  for i, m in enumerate(mutants) if results[f"m{i:04d}"]["status"] != "graded"]
     return {"assignment": name, "mutants": len(mutants), "of": total, "killed": killed,
-            "score": killed / len(mutants), "baseline": base["score"], "survivors": survivors}
+            "score": killed / len(mutants), "baseline": base["score"], "survivors": survivors,
+            "stopped_early": stopped, "not_graded": not_graded}
+
+
+def _tests(result: dict) -> list[dict]:
+    return [t for nb in result.get("notebooks", {}).values() for t in nb.get("tests", [])]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -234,10 +271,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("assignment")
     m.add_argument("--sample", type=int, default=None, help="grade a seeded random N mutants")
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--cells", default=None,
+                   help="only the mutants of these answer cells (comma-separated grade ids)")
     m.add_argument("--workers", type=int, default=None, help="parallel workers (default: CPUs)")
     m.add_argument("--cell-timeout", type=float, default=60)
     m.add_argument("--unsafe", action="store_true",
                    help="grade without the bubblewrap sandbox (the solution is trusted code)")
+    m.add_argument("--full-runs", action="store_true",
+                   help="grade every cell of every mutant instead of stopping at its first "
+                        "failed test (same verdicts, slower)")
     m.add_argument("--json", type=Path, default=None, help="also write the report here")
     m.set_defaults(handler=run)
 
@@ -247,12 +289,16 @@ def run(course: Course, args: argparse.Namespace) -> int:
         raise CourseError(f"--sample must be at least 1, got {args.sample}")
     report = mutation_score(course, args.assignment, sample=args.sample, seed=args.seed,
                             workers=args.workers, unsafe=args.unsafe,
-                            cell_timeout=args.cell_timeout)
+                            cell_timeout=args.cell_timeout, full_runs=args.full_runs,
+                            cells=args.cells.split(",") if args.cells else None)
     sampled = f" (a sample of {report['of']})" if report["mutants"] < report["of"] else ""
     print(f"{report['assignment']}: {report['killed']}/{report['mutants']} mutants{sampled} "
           f"lose marks: mutation score {report['score']:.2f}")
     for s in report["survivors"]:
         print(f"  survived  {s['notebook']}/{s['cell']} line {s['line']}: {s['change']}")
+    for s in report["not_graded"]:
+        print(f"  {s['status']} (counted as killed)  {s['cell']} line {s['line']}: "
+              f"{s['change']}: {s['why']}")
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -13,7 +13,8 @@ array                                   list
 ``{"$d": [[key, value], ...]}``         dict (any keys that are themselves data)
 ``{"$set": [...]}``, ``{"$deque": ...}``  set, collections.deque
 ``{"$b": base64}``                      bytes
-``{"$tensor": [dtype, shape, base64]}``  torch.Tensor (CPU, raw little-endian bytes)
+``{"$tensor": [dtype, shape, base64]}``  torch.Tensor (raw little-endian bytes; a 4th
+                                        item names its device when not the CPU)
 ``{"$nd": [dtype, shape, base64]}``     numpy.ndarray (no object arrays)
 ``{"$device": "cpu"}``, ``{"$dtype": .}``  torch.device, torch.dtype
 ``{"$slice": [a, b, c]}``, ``$range``    slice, range
@@ -57,7 +58,38 @@ def _tensor_bytes(t) -> tuple[str, list[int], str]:
     return str(t.dtype).removeprefix("torch."), list(t.shape), base64.b64encode(raw).decode()
 
 
-def _tensor_from(dtype: str, shape: list, data: str):
+def _tensor_node(t) -> list:
+    """A tensor's [dtype, shape, bytes], and its device when it is not on the CPU: the tests
+    build their inputs on the learner's DEVICE and the learner's code must get them there
+    (a cache made on cuda written with keys that arrived on the CPU mixes devices)."""
+    node = list(_tensor_bytes(t))
+    return node + [str(t.device)] if t.device.type != "cpu" else node
+
+
+# Devices a tensor is put back on when this process can use them; otherwise it stays on the CPU.
+PLACED_DEVICES = ("cuda", "mps")
+
+
+def _placed(t, device: object):
+    import torch
+    try:
+        where = torch.device(str(device)[:40])
+    except (RuntimeError, ValueError):
+        return t
+    if where.type not in PLACED_DEVICES:
+        return t
+    try:
+        return t.to(where)
+    except (RuntimeError, AssertionError, ValueError):  # not usable here (no such GPU)
+        return t
+
+
+def _tensor_from(dtype: str, shape: list, data: str, device: object = None):
+    t = _tensor_contents(dtype, shape, data)
+    return t if device is None else _placed(t, device)
+
+
+def _tensor_contents(dtype: str, shape: list, data: str):
     import torch
     kind = getattr(torch, str(dtype), None)
     if not isinstance(kind, torch.dtype):
@@ -137,7 +169,7 @@ class Encoder:
         if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
             self._spend(obj.numel() * obj.element_size())
             node = self.on_tensor(obj) if self.on_tensor is not None else None
-            return node if node is not None else {"$tensor": list(_tensor_bytes(obj))}
+            return node if node is not None else {"$tensor": _tensor_node(obj)}
         if torch is not None and t is torch.device:
             return {"$device": str(obj)}
         if torch is not None and t is torch.dtype:
@@ -202,7 +234,7 @@ class Decoder:
                 raise WireError("slice and range bounds are ints")
             return slice(*parts) if tag == "$slice" else range(*parts)
         if tag == "$tensor":
-            return _tensor_from(*body)
+            return _tensor_from(*body[:4])
         if tag == "$nd":
             return _array_from(*body)
         if tag == "$device":

@@ -40,6 +40,8 @@ class Job:
     # "trusted": test cells run in the trusted runner (the grading path); "kernel": the old
     # in-kernel design, kept only so the tests can show which attacks it fell for.
     tests_in: str = "trusted"
+    # Only for the mutants tool: stop at the first failed test (see execute.Plan).
+    stop_at_failure: bool = False
 
 
 def grade(job: Job) -> dict:
@@ -258,6 +260,7 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
         env["AUTOGRADER_SANDBOX"] = spec.to_env()
         plan = grading_plan(nb, trusted=job.tests_in == "trusted",
                             trusted_cwd=str(trusted_folder(course, job, scratch)))
+        plan.stop_at_failure = job.stop_at_failure
         with open(scratch / "kernel.log", "wb") as log:
             report = run_notebook(nb, km, cwd=str(home), env=env,
                                   cell_timeout=job.cell_timeout,

@@ -22,6 +22,7 @@ SUITES = {
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
     "spec": "speculative decoding (draft model, n-gram lookup) vs plain greedy: acceptance, passes/token, speed-up, batch sweep",
     "serve": "load generator against our server: rate sweep, latency percentiles, goodput knee, cost; routing across replicas",
+    "peers": "our load generator vs guidellm, our server vs transformers serve (make peers installs them)",
 }
 
 

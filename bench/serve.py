@@ -38,11 +38,15 @@ from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
 from .common import report, table, write_json
 
 SLO = Objectives(ttft_ms=500.0, tpot_ms=50.0)
+# --quick only checks that the suite runs: its SLO is loose enough that a busy test machine
+# still meets it, so the knee's goodput (and the ratio) is never zero there.
+QUICK_SLO = Objectives(ttft_ms=60_000.0, tpot_ms=10_000.0)
 PRICE_PER_HOUR = 1.0          # a small CPU machine, dollars per hour (illustrative)
 LONG = 256                    # prompts this long or longer are "long" for shape routing
 
 
 def _rate_sweep(quick: bool) -> dict[str, Any]:
+    slo = QUICK_SLO if quick else SLO
     if quick:
         prompts = [p.__class__(p.text, p.prompt_tokens, 4, p.tag) for p in harbor_prompts(6)]
         rates = [8.0, 64.0]
@@ -57,11 +61,11 @@ def _rate_sweep(quick: bool) -> dict[str, Any]:
     with servers as handle:
         url = handle[0]
         run_load(url, "target", prompts[:2])            # warm-up: first-call costs
-        points = sweep(url, "target", prompts, rates, slo=SLO, price_per_hour=PRICE_PER_HOUR,
+        points = sweep(url, "target", prompts, rates, slo=slo, price_per_hour=PRICE_PER_HOUR,
                        on_point=show)
     return {"points": points, "knee": knee(points), "prompts": len(prompts),
             "prompt_tokens": [p.prompt_tokens for p in prompts],
-            "max_tokens": [p.max_tokens for p in prompts], "slo": SLO.__dict__,
+            "max_tokens": [p.max_tokens for p in prompts], "slo": slo.__dict__,
             "price_per_hour": PRICE_PER_HOUR, "server": "separate process" if not quick
             else "thread of this process"}
 
@@ -119,7 +123,8 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     print(table(TABLE_COLUMNS, table_rows(points)))
     at_knee, top = points[k]["metrics"], points[-1]["metrics"]
     print(f"knee at {points[k]['rate']:g} req/s offered: goodput {at_knee['goodput']:.2f} req/s "
-          f"(SLO TTFT <= {SLO.ttft_ms:g} ms, TPOT <= {SLO.tpot_ms:g} ms); cost there "
+          f"(SLO TTFT <= {swept['slo']['ttft_ms']:g} ms, TPOT <= {swept['slo']['tpot_ms']:g} ms); "
+          f"cost there "
           f"${at_knee['cost_per_m_input_tokens']:.2f} per million input and "
           f"${at_knee['cost_per_m_output_tokens']:.2f} per million output tokens "
           f"at ${PRICE_PER_HOUR:g}/hour")
@@ -150,7 +155,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
                             "sim_least_loaded_p99_ttft_improvement": ll_gain},
                   measurements,
                   {"server": swept["server"], "threads": "1 torch thread per server",
-                   "slo": SLO.__dict__, "price_per_hour": PRICE_PER_HOUR,
+                   "slo": swept["slo"], "price_per_hour": PRICE_PER_HOUR,
                    "load_average_1min": [load_before, round(os.getloadavg()[0], 2)]}, quick)
     data["metrics"] = {"rate": points[k]["rate"], **at_knee}
     write_json(data, json_path)

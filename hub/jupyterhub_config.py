@@ -67,8 +67,10 @@ if os.environ.get("TINYSERVE_HUB_TOKEN"):
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.cmd = [str(USER_PYTHON), "-m", "jupyterhub.singleuser"]
 c.Spawner.default_url = "/lab"
-c.Spawner.start_timeout = 180      # a busy 2-core machine imports JupyterLab slowly
-c.Spawner.http_timeout = 180
+# A busy 2-core machine imports JupyterLab slowly; a whole class at once (hub/scale_run.py)
+# waits longer.
+c.Spawner.start_timeout = int(os.environ.get("TINYSERVE_SPAWN_TIMEOUT", "180"))
+c.Spawner.http_timeout = c.Spawner.start_timeout
 # Stopping: SIGINT, then SIGTERM, then SIGKILL. A server killed before it has shut its kernels
 # down leaves them running as the user; give it time on a busy machine (default 10 s).
 c.LocalProcessSpawner.interrupt_timeout = 30

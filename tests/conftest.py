@@ -53,3 +53,13 @@ def sandbox_skip_reason() -> str | None:
     if ok or os.environ.get("CI"):
         return None
     return f"needs the bubblewrap sandbox: {why}"
+
+
+@pytest.fixture(scope="session")
+def class_hub():  # -> Iterator[test_hub.Hub]
+    """One class hub (accounts, the instructor's course, JupyterHub and its proxy) for the
+    session: tests/test_hub.py and the hub browser test each get a fresh class on it through
+    test_hub's module-scoped `hub` fixture, instead of starting and stopping a hub each."""
+    from test_hub import running_class_hub
+    with running_class_hub() as hub:
+        yield hub

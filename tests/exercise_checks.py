@@ -8,8 +8,10 @@ and exercise-specific assertions, and calls these for the parts that are the sam
 """
 from __future__ import annotations
 
+import atexit
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -45,6 +47,66 @@ def execute(nb, workdir: Path, allow_errors: bool):
                             resources={"metadata": {"path": str(workdir)}})
     client.execute()
     return nb
+
+
+def execute_trusted(nb, workdir: Path):
+    """Run `nb` as grading runs it (autograder.worker.grading_plan: test cells on the trusted
+    side, reaching the kernel's answers over the channel; read-only cells on both sides), in
+    a fresh python3 kernel without the sandbox; returns `nb` with the test cells' outputs."""
+    import subprocess
+
+    from jupyter_client import AsyncKernelManager
+
+    import torch
+
+    from autograder.execute import run_notebook
+    from autograder.worker import grading_plan
+    # The trusted side computes the references in this process: one torch thread, as in a
+    # grading worker (autograder.grade.WORKER_ENV); two beside a busy kernel oversubscribe.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_notebook(nb, AsyncKernelManager(kernel_name="python3"), cwd=str(workdir),
+                     plan=grading_plan(nb), cell_timeout=600, total_timeout=3600,
+                     kernel_output=subprocess.DEVNULL)
+    finally:
+        torch.set_num_threads(threads)
+    return nb
+
+
+# The kernel in which run_probe ran the whole solution, kept for check_named_mistakes: it would
+# otherwise start a kernel and run the solution's code again before its first wrong answer.
+# One per source folder; shut down by check_named_mistakes or at the end of the module (the
+# `source` fixture), so no kernel outlives the test file that started it.
+_SOLUTION_KERNELS: dict[Path, NotebookClient] = {}
+
+
+def _execute_keeping_kernel(nb, workdir: Path) -> NotebookClient:
+    """`execute` (every check must pass), leaving the kernel running; returns its client."""
+    client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=False,
+                            resources={"metadata": {"path": str(workdir)}})
+    try:
+        client.execute(cleanup_kc=False)
+    except BaseException:
+        _shutdown(client)
+        raise
+    return client
+
+
+def _shutdown(client: NotebookClient) -> None:
+    from jupyter_core.utils import run_sync
+    if client.km is not None:
+        if run_sync(client.km.is_alive)():
+            run_sync(client.km.shutdown_kernel)(now=False)
+        run_sync(client.km.cleanup_resources)()
+    if client.kc is not None:
+        client.kc.stop_channels()
+
+
+def shutdown_solution_kernel(source_dir: Path) -> None:
+    client = _SOLUTION_KERNELS.pop(Path(source_dir), None)
+    if client is not None:
+        _shutdown(client)
 
 
 def errors(nb) -> dict[str, dict]:
@@ -85,7 +147,8 @@ def source_fixture(path: Path):
     test file (assign it to a module-level name so pytest finds it)."""
     @pytest.fixture(scope="module", name="source")
     def _source():
-        return nbformat.read(path, as_version=4)
+        yield nbformat.read(path, as_version=4)
+        shutdown_solution_kernel(path.parent)   # run_probe's, if check_named_mistakes did not
     return _source
 
 
@@ -122,7 +185,9 @@ def run_probe(source, source_dir: Path, probe: str) -> dict:
     "PROBE " and a JSON object; returns that object."""
     nb = copy_notebook(source)
     nb.cells.append(nbformat.v4.new_code_cell(probe))
-    execute(nb, source_dir, allow_errors=False)  # any failing check raises
+    shutdown_solution_kernel(source_dir)
+    # Any failing check raises; the kernel stays for check_named_mistakes.
+    _SOLUTION_KERNELS[Path(source_dir)] = _execute_keeping_kernel(nb, source_dir)
     text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     return json.loads(text.split("PROBE ", 1)[1])
 
@@ -150,7 +215,8 @@ def check_manual_answers_blank(nb, manual_points: dict[str, int]) -> None:
 # ------------------------------------------------------------------ the classic mistakes, named
 
 def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
-                         mistakes: Sequence[tuple], graded_cells_only: bool = False) -> None:
+                         mistakes: Sequence[tuple], graded_cells_only: bool = False,
+                         trusted: bool = False) -> None:
     """Run each wrong answer against the real test cell (hidden tests included), all in one
     kernel, and check that cell raised with a message containing the fragment.
 
@@ -158,11 +224,24 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
     is not an AssertionError. The solution's non-test code cells run first and every answer
     cell runs again before each wrong answer, so each mistake is the only thing wrong in its
     cell. `graded_cells_only` leaves out the code cells without nbgrader metadata (the
-    learner's own plain cells, such as a plot)."""
+    learner's own plain cells, such as a plot). `trusted` runs it as grading does
+    (execute_trusted): the read-only cells keep their metadata, so they run on both sides.
+
+    Otherwise, after run_probe, its kernel (which ran the whole solution, every check passing)
+    is used instead of a fresh one running the solution's code again; either way each wrong
+    answer runs after every answer cell was run again, and the kernel is shut down at the end."""
     by_id = {meta(c)["grade_id"]: c for c in source.cells if meta(c)}
+    if trusted:       # grading's plan needs its own kernel: the warm one is not used
+        shutdown_solution_kernel(source_dir)
+    warm = None if trusted else _SOLUTION_KERNELS.pop(Path(source_dir), None)
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c.source) for c in source.cells
-                if c.cell_type == "code" and (meta(c) or not graded_cells_only) and not is_test(c)]
+
+    def read_only(c) -> bool:
+        return trusted and meta(c).get("locked") and not meta(c).get("solution")
+    nb.cells = [] if warm else [
+        nbformat.v4.new_code_cell(c.source, metadata=c.metadata if read_only(c) else {})
+        for c in source.cells
+        if c.cell_type == "code" and (meta(c) or not graded_cells_only) and not is_test(c)]
     answers = [c.source for c in source.cells
                if c.cell_type == "code" and meta(c).get("grade_id") in answer_cells]
     wanted = []
@@ -173,7 +252,19 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
         test_cell.metadata = {"nbgrader": dict(meta(by_id[test_id]), grade_id=cell_id)}
         nb.cells.append(test_cell)
         wanted.append((cell_id, fragment, ename[0] if ename else "AssertionError"))
-    execute(nb, source_dir, allow_errors=True)
+    if trusted:
+        execute_trusted(nb, source_dir)
+    elif warm is None:
+        execute(nb, source_dir, allow_errors=True)
+    else:
+        client = NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True,
+                                km=warm.km, resources={"metadata": {"path": str(source_dir)}})
+        try:
+            client.execute()
+        finally:
+            if client.kc is not None:
+                client.kc.stop_channels()
+            _shutdown(warm)
     found = errors(nb)
     for cell_id, fragment, ename in wanted:
         assert cell_id in found, f"{cell_id}: the wrong answer passed"
@@ -183,16 +274,41 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
 
 # ------------------------------------------------------------------ end to end, sandboxed
 
+_RELEASES: dict[str, tuple[Path, Path]] = {}
+_RELEASE_DIR: list[Path] = []
+
+
+def fresh_release(name: str) -> tuple[Path, Path]:
+    """(release folder, gradebook) of a fresh release of `name` from this checkout's course,
+    made once per session: test_autograder_release compares it with the committed exercises/
+    and check_sandboxed_grading grades against it (nbgrader's generate_assignment takes
+    seconds per assignment). Read-only for its users; removed when the session ends."""
+    from autograder.course import Course, release
+    if name not in _RELEASES:
+        if not _RELEASE_DIR:
+            _RELEASE_DIR.append(Path(tempfile.mkdtemp(prefix="fresh-releases-")))
+            atexit.register(shutil.rmtree, _RELEASE_DIR[0], ignore_errors=True)
+        folder = _RELEASE_DIR[0] / name
+        folder.mkdir()
+        gradebook = folder / "gradebook.db"
+        out = release(Course(ROOT), name, out_dir=folder / "release", db_url=f"sqlite:///{gradebook}")
+        _RELEASES[name] = (out, gradebook)
+    return _RELEASES[name]
+
 def check_sandboxed_grading(name: str, source_dir: Path, test_points: dict[str, int],
                             manual_points: dict[str, int], tmp_path: Path) -> None:
-    """Release the assignment into a fresh course, submit the solution and the blank release,
-    autograde both in the sandbox: the solution gets every test cell's points, the blank
-    release none, and both are graded out of all points (test and manual)."""
-    from autograder.course import Course, release
+    """A fresh course holding the assignment's source and a fresh release of it (with the
+    gradebook that release recorded), submit the solution and the blank release, autograde
+    both in the sandbox: the solution gets every test cell's points, the blank release none,
+    and both are graded out of all points (test and manual)."""
+    from autograder.course import Course
     from autograder.grade import autograde
     course = Course(tmp_path)
     shutil.copytree(source_dir, course.source / name)
-    release(course, name)
+    released, gradebook = fresh_release(name)
+    shutil.copytree(released, course.release / name)
+    course.gradebook_path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(gradebook, course.gradebook_path)
     for who, notebook in (("solution", source_dir / f"{name}.ipynb"),
                           ("blank", course.release / name / f"{name}.ipynb")):
         dest = course.submitted / who / name

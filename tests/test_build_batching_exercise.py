@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+from build_exercise_checks import check_named_mistakes
+from exercise_checks import (ROOT, check_points_and_answers,
                              check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
                              run_blank_release, run_probe, source_fixture)
 
@@ -115,6 +116,18 @@ MISTAKES = [
      "    return _solution_serve(requests, weights, cfg, cache, True)",
      "that is static batching"),
     ("test_generate_static",
+     "_solution_static = generate_static\n"
+     "def generate_static(prompts, n, weights, cfg):\n"
+     "    return [_solution_static([p], n, weights, cfg)[0] for p in prompts]",
+     "one prompt at a time"),
+    # A later part runs on tinyserve's earlier pieces: a wrong earlier piece (whose own test
+    # fails, above) leaves the later part's points alone. None: the test cell must pass.
+    ("test_generate_static", PAD.format(**dict(GOOD_PAD, row="list(p) + [pad_id] * (T - len(p))")) + "\n"
+     "def padded_mask(real):\n    return torch.ones(*real.shape, real.shape[1], dtype=torch.bool, device=real.device)",
+     None),
+    ("test_serve", SLOT.format(position="cache.lengths[s] + 1") + "\n"
+     "def prefill_slot(prompt, slot, weights, cfg, cache):\n    raise RuntimeError('not yet')", None),
+    ("test_generate_static",
      "def generate_static(prompts, n, weights, cfg):\n"
      "    from tinyserve.generate import generate_batch\n"
      "    model = tinyserve.load_model('target', device=weights['model.embed_tokens.weight'].device)\n"
@@ -123,7 +136,7 @@ MISTAKES = [
 ]
 
 
-def test_classic_mistakes_get_messages_that_name_them(source):
+def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alone(source):
     check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
 
 

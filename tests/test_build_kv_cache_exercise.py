@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+from build_exercise_checks import check_named_mistakes
+from exercise_checks import (ROOT, check_points_and_answers,
                              check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
                              run_blank_release, run_probe, source_fixture)
 
@@ -82,6 +83,10 @@ DECODE = ("def decode_step(token, weights, cfg, cache):\n"
           "    position = torch.tensor([cache.length {shift}], device=DEVICE)\n"
           "    return forward_cached(torch.tensor([token], device=DEVICE), position, weights, cfg, cache)[-1]")
 
+WRONG_FORWARD = ("_solution_forward = forward_cached\n"
+                 "def forward_cached(ids, positions, weights, cfg, cache):\n"
+                 "    return 2 * _solution_forward(ids, positions, weights, cfg, cache)")
+
 MISTAKES = [
     ("test_cache_bytes", "def cache_bytes(cfg, t, b):\n"
                          "    return cfg['num_hidden_layers'] * t * cfg['num_key_value_heads'] * cfg['head_dim'] * b",
@@ -106,6 +111,15 @@ MISTAKES = [
      "_solution_generate = generate_cached\n"
      "def generate_cached(p, n, w, c, cache):\n    return list(p) + _solution_generate(p, n, w, c, cache)",
      "returns the prompt too"),
+    # A later part judged on the learner's own earlier one: a prefill or decode step that calls
+    # a wrong forward_cached right, a loop over a wrong decode_step, keeps its points (None:
+    # the test cell must pass); the earlier part's own test fails.
+    ("test_forward_cached", WRONG_FORWARD, "differs"),
+    ("test_prefill", WRONG_FORWARD, None),
+    ("test_decode_step", WRONG_FORWARD, None),
+    ("test_generate_cached", "_solution_decode = decode_step\n"
+                             "def decode_step(token, weights, cfg, cache):\n"
+                             "    return -_solution_decode(token, weights, cfg, cache)", None),
     ("test_cache_alloc",
      "from tinyserve.kv_cache import KVCache as _Theirs\n"
      "class KVCache:\n"
@@ -116,7 +130,7 @@ MISTAKES = [
 ]
 
 
-def test_classic_mistakes_get_messages_that_name_them(source):
+def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alone(source):
     check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
+from build_exercise_checks import check_named_mistakes
+from exercise_checks import (ROOT, check_points_and_answers,
                              check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
                              run_blank_release, run_probe, source_fixture)
 
@@ -108,14 +109,19 @@ MISTAKES = [
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, residual="p[i].clone()")), "drawn from p"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="True")), "follows the draft's q"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, bonus="")), "bonus token"),
+    # The loop runs on tinyserve's draft and accept_greedy: wrong parts 1 and 2 (their own tests
+    # fail, above) leave part 3's points alone. None: the test cell must pass.
+    ("test_speculative_greedy", "def draft(dm, context, k):\n    return [0] * k\n"
+                                "def accept_greedy(guesses, logits):\n    return list(guesses)", None),
     ("test_accept_greedy", "from tinyserve.speculative import accept_greedy as _theirs\n"
                            "def accept_greedy(guesses, logits):\n"
                            "    return _theirs(guesses, logits.argmax(-1).tolist())", "no points for this piece"),
 ]
 
 
-def test_classic_mistakes_get_messages_that_name_them(source):
-    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alone(source):
+    check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True,
+                         trusted=True)
 
 
 @needs_sandbox

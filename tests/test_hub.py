@@ -4,14 +4,17 @@ two students, each command run as that account; and what one student can and can
 
 Needs root (accounts, switching users), jupyterhub and its proxy (`make hub-deps`); elsewhere
 these tests skip saying why, except in CI (we are root there), where a missing piece fails.
-One hub for the module (about 10 s to start), one student server started through the REST
-API; every process is stopped at the end and checked gone (the grading kernels included:
-grading runs in the sandbox, as the instructor's unprivileged account). About 3 minutes on a
-busy 2-core machine, most of it the release, one student's JupyterLab starting and the grading
-of two notebooks.
+One hub for the whole session (tests/conftest.py's `class_hub`; the hub browser test shares
+it), a fresh class for each module (empty homes, a new course copy, an empty exchange), one
+student server started through the REST API; every process is stopped at the end of each
+module and of the session, and checked gone (the grading kernels included: grading runs in
+the sandbox, as the instructor's unprivileged account). About 3 minutes on a busy 2-core
+machine, most of it the release, one student's JupyterLab starting and the grading of two
+notebooks.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -36,6 +39,7 @@ from tinyserve.serving.local_servers import free_port
 ROOT = Path(__file__).resolve().parents[1]
 CHP = ROOT / "hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 INSTRUCTOR, ADA, BOB = "tsh-teacher", "tsh-ada", "tsh-bob"
+CLASS = [INSTRUCTOR, ADA, BOB]
 NAME = "kv_cache_basics"
 ANSWER = "return 2 * layers * tokens * kv_heads * head_dim * bytes_per_elem"
 SLIP = "return layers * tokens * kv_heads * head_dim * bytes_per_elem"
@@ -133,11 +137,9 @@ def user_processes(users: list[str]) -> dict[int, str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def hub() -> Iterator[Hub]:
-    """`make hub`'s two steps on a fresh folder and free loopback ports; stopped afterwards."""
-    users = [INSTRUCTOR, ADA, BOB]
-    for user in users:   # a previous run's homes (fetched work, nbgrader's cache) go
+def empty_homes(users: list[str]) -> None:
+    """A previous module's (or run's) fetched work, course copy and nbgrader caches go."""
+    for user in users:
         try:
             entry = pwd.getpwnam(user)
         except KeyError:
@@ -145,12 +147,39 @@ def hub() -> Iterator[Hub]:
         shutil.rmtree(entry.pw_dir, ignore_errors=True)
         Path(entry.pw_dir).mkdir(mode=0o700)
         os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
-    hub_dir = Path(tempfile.mkdtemp(prefix="tsh-hub-"))
-    password = secrets.token_urlsafe(12)
+
+
+def setup_class(hub_dir: Path, password: str) -> None:
+    """hub/setup_class.py, as `make hub` runs it: accounts, exchange, the instructor's course."""
     subprocess.run([sys.executable, str(ROOT / "hub" / "setup_class.py"), "--hub-dir",
                     str(hub_dir), "--instructor", INSTRUCTOR, "--students", f"{ADA},{BOB}",
                     "--password", password],
                    check=True, capture_output=True, timeout=120)
+
+
+def stop_servers(h: Hub) -> dict[int, str]:
+    """Every class server stopped as the hub does it (kernels first); returns the class's
+    processes still running after a grace period (none when all went well)."""
+    for user in CLASS:
+        try:
+            h.api("DELETE", f"/users/{user}/server")
+        except (OSError, ValueError):
+            pass   # not running, or the hub never came up
+    deadline = time.monotonic() + 90
+    while user_processes(CLASS) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return user_processes(CLASS)
+
+
+@contextlib.contextmanager
+def running_class_hub() -> Iterator[Hub]:
+    """`make hub`'s two steps on a fresh folder and free loopback ports; stopped afterwards,
+    with every process of the class's accounts checked gone. tests/conftest.py's `class_hub`
+    holds one for the session: this module and the hub browser test share it."""
+    empty_homes(CLASS)
+    hub_dir = Path(tempfile.mkdtemp(prefix="tsh-hub-"))
+    password = secrets.token_urlsafe(12)
+    setup_class(hub_dir, password)
     port = free_port()
     token = secrets.token_hex(16)
     env = dict(os.environ, TINYSERVE_HUB_DIR=str(hub_dir), TINYSERVE_INSTRUCTOR=INSTRUCTOR,
@@ -172,17 +201,10 @@ def hub() -> Iterator[Hub]:
                 h.api("GET", "/")
                 break
             except OSError:
-                time.sleep(0.5)
+                time.sleep(0.2)
         yield h
     finally:
-        for user in users:   # each server stopped as the hub does it, kernels first
-            try:
-                h.api("DELETE", f"/users/{user}/server")
-            except (OSError, ValueError):
-                pass   # not running, or the hub never came up
-        deadline = time.monotonic() + 90
-        while user_processes(users) and time.monotonic() < deadline:
-            time.sleep(1)
+        stop_servers(h)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)   # the hub stops its servers and proxy
             try:
@@ -190,8 +212,8 @@ def hub() -> Iterator[Hub]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        left = user_processes(users)
-        for pid in left:   # started by this test (as the class's accounts): end them
+        left = user_processes(CLASS)
+        for pid in left:   # started by these tests (as the class's accounts): end them
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -201,6 +223,21 @@ def hub() -> Iterator[Hub]:
         shutil.copy(log, ROOT / "artifacts" / "hub-test.log")
         shutil.rmtree(hub_dir, ignore_errors=True)
         assert not left, f"processes of the class's accounts outlived the hub: {left}"
+
+
+@pytest.fixture(scope="module")
+def hub(class_hub: Hub) -> Iterator[Hub]:
+    """The session's hub with a fresh class for this module: no server running, empty homes,
+    a new copy of the course (gradebook included) and an empty exchange, as after `make hub`.
+    Every server the module started is stopped, and its processes checked gone, at the end."""
+    left = stop_servers(class_hub)
+    assert not left, f"a previous module left processes of the class's accounts: {left}"
+    empty_homes(CLASS)
+    shutil.rmtree(class_hub.dir / "exchange", ignore_errors=True)
+    setup_class(class_hub.dir, class_hub.password)
+    yield class_hub
+    left = stop_servers(class_hub)
+    assert not left, f"processes of the class's accounts outlived the module: {left}"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

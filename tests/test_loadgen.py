@@ -107,6 +107,56 @@ def test_the_clock_starts_when_the_request_is_sent(server) -> None:
     assert created < first.start and second.start >= first.end
 
 
+def test_chat_endpoint_times_tokens_as_completions_do(server) -> None:
+    """The same prompt as one chat message: the server's template adds prompt tokens (the
+    usage chunk says how many), and every chunk is a token, timed from the send."""
+    url, _ = server
+    prompt = corpus_prompts(1, max_tokens=6)[0]
+    (done,) = run_load(url, "target", [prompt], endpoint="chat", ignore_eos=True)
+    assert done.ok and done.output_tokens == len(done.chunk_times) == 6
+    assert done.prompt_tokens > prompt.prompt_tokens and done.finish_reason == "length"
+    assert done.start < done.chunk_times[0] and done.server_timings is not None
+    with pytest.raises(ValueError, match="endpoint must be one of completions, chat"):
+        run_load(url, "target", [prompt], endpoint="responses")
+
+
+def test_control_chunks_are_not_tokens() -> None:
+    """A role-only first chunk carries no token; an empty text does (a partial character);
+    an empty finish-only last chunk is a token only when the usage counts one more token than
+    the chunks so far (transformers serve sends it after its tokens, a server may also put a
+    stop token there)."""
+    import asyncio
+
+    import httpx
+
+    from tinyserve.loadgen.generator import _token_text, send
+    assert _token_text({"delta": {"role": "assistant"}}, chat=True) is None
+    assert _token_text({"delta": {"role": "assistant", "content": ""}}, chat=True) is None
+    assert _token_text({"delta": {"role": "assistant", "content": "Hi"}}, chat=True) == "Hi"
+    assert _token_text({"delta": {"content": ""}}, chat=True) == ""
+    assert _token_text({"text": ""}, chat=False) == ""
+
+    def stream(usage_tokens: int) -> bytes:
+        chunks = [{"choices": [{"delta": {"role": "assistant"}}]},
+                  {"choices": [{"delta": {"content": "a"}}]},
+                  {"choices": [{"delta": {"content": "b"}}]},
+                  {"choices": [{"delta": {}, "finish_reason": "stop"}],
+                   "usage": {"completion_tokens": usage_tokens, "prompt_tokens": 3}}]
+        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + \
+            b"data: [DONE]\n\n"
+
+    async def one(usage_tokens: int):
+        transport = httpx.MockTransport(lambda request: httpx.Response(
+            200, content=stream(usage_tokens), headers={"content-type": "text/event-stream"}))
+        async with httpx.AsyncClient(transport=transport) as client:
+            return await send(client, "http://peer", "m", Prompt("x", 1, 3), endpoint="chat")
+
+    after_tokens, stop_token = asyncio.run(one(2)), asyncio.run(one(3))
+    assert after_tokens.ok and len(after_tokens.chunk_times) == after_tokens.output_tokens == 2
+    assert stop_token.ok and len(stop_token.chunk_times) == stop_token.output_tokens == 3
+    assert after_tokens.text == stop_token.text == "ab" and stop_token.finish_reason == "stop"
+
+
 def test_cli_writes_the_metrics_object(server, tmp_path: Path) -> None:
     url, _ = server
     out = tmp_path / "lg.json"

@@ -2,7 +2,8 @@
 
 A two-function assignment whose tests are deliberately weak in one place: `square(2) == 4`
 cannot tell `x ** 2` from `x * 2`, so exactly that mutant survives and is reported with its
-cell, line and change; the others lose marks.
+cell, line and change; the others lose marks. A mutant's run stops at its first failed test:
+the two `clamp_low` mutants fail the first test cell, so the second is never run for them.
 """
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ def square(x: int) -> int:
     return x ** 2
     ### END SOLUTION
 '''
-TESTS = ('check_equal(clamp_low(5), 5, name="clamp_low(5)")\n'
-         'check_equal(clamp_low(-3), 0, name="clamp_low(-3)")\n'
-         'check_equal(square(2), 4, name="square(2)")')
+TESTS_CLAMP = ('check_equal(clamp_low(5), 5, name="clamp_low(5)")\n'
+               'check_equal(clamp_low(-3), 0, name="clamp_low(-3)")')
+TESTS_SQUARE = 'check_equal(square(2), 4, name="square(2)")'
 
 
 def _cell(kind: str, gid: str, source: str, **flags) -> nbformat.NotebookNode:
@@ -47,7 +48,8 @@ def make_course(root: Path) -> Course:
     nb.cells = [_cell("md", "intro", "# Tiny"),
                 _cell("code", "imports", "from autograder.testkit import check, check_close, check_equal"),
                 _cell("code", "answer", ANSWER, solution=True, locked=False),
-                _cell("code", "test_answer", TESTS, grade=True, points=2)]
+                _cell("code", "test_clamp", TESTS_CLAMP, grade=True, points=1),
+                _cell("code", "test_square", TESTS_SQUARE, grade=True, points=1)]
     folder = root / "solutions" / "tiny"
     folder.mkdir(parents=True)
     nbformat.write(nb, folder / "tiny.ipynb")
@@ -82,6 +84,8 @@ def test_mutation_score_grades_each_mutant_and_names_the_survivor(tmp_path, caps
     report = json.loads(out.read_text())
     assert (report["mutants"], report["killed"], report["score"]) == (4, 3, 0.75)
     assert report["baseline"] == 2
+    assert report["stopped_early"] == 2   # the clamp_low mutants: test_square was skipped
+    assert report["not_graded"] == []
     [survivor] = report["survivors"]
     assert (survivor["cell"], survivor["line"]) == ("answer", 10)
     assert survivor["change"] == "`**` -> `*` in `return x ** 2`"
@@ -105,13 +109,45 @@ def test_sample_is_seeded_subset(tmp_path, monkeypatch):
     def fake_autograde(course, name, **kw):
         subs = sorted(p.name for p in course.submitted.iterdir())
         graded.append(subs)
-        return [{"student": s, "status": "graded", "score": 2 if s == "baseline" else 0,
-                 "reasons": [], "flags": []} for s in subs]
+        return [{"student": s, "status": "failed" if s == "m0001" else "graded",
+                 "score": 2 if s == "baseline" else 0,
+                 "reasons": ["the kernel died"] if s == "m0001" else [], "flags": []}
+                for s in subs]
 
     monkeypatch.setattr(autograder.grade, "autograde", fake_autograde)
     monkeypatch.setattr(mutants, "release", lambda course, name: None)
     a = mutants.mutation_score(Course(tmp_path), "tiny", sample=2, seed=1)
     assert (a["mutants"], a["of"], a["score"]) == (2, 4, 1.0)
     assert graded == [["baseline", "m0000", "m0001"]]
+    assert a["stopped_early"] == 0
+    # A mutant whose run failed counts as killed, but is listed with why.
+    assert [(n["status"], n["why"]) for n in a["not_graded"]] == [("failed", "the kernel died")]
+    assert mutants.mutation_score(Course(tmp_path), "tiny", cells=["answer"])["mutants"] == 4
+    with pytest.raises(CourseError, match="no mutants in cell.*test_clamp.*are answer"):
+        mutants.mutation_score(Course(tmp_path), "tiny", cells=["test_clamp"])
     with pytest.raises(CourseError, match="unknown assignment"):
         mutants.mutation_score(Course(tmp_path), "nope")
+
+
+def test_runs_stop_at_the_first_failure_only_after_a_solution_that_passes_everything(
+        tmp_path, monkeypatch):
+    """Stopping early is sound only if the solution passes every test: else a mutant could
+    lose a cell the solution loses too, and then be charged for the cells skipped after it."""
+    import autograder.grade
+    import autograder.mutants as mutants
+    make_course(tmp_path)
+    asked: list[bool] = []
+
+    def fake_autograde(course, name, *, stop_at_failure=False, **kw):
+        asked.append(stop_at_failure)
+        tests = [{"grade_id": "test_clamp", "kind": "test", "passed": False, "message": "no"}]
+        return [{"student": p.name, "status": "graded", "score": 1.0, "reasons": [],
+                 "flags": [], "notebooks": {"tiny": {"tests": tests}}}
+                for p in course.submitted.iterdir()]
+
+    monkeypatch.setattr(autograder.grade, "autograde", fake_autograde)
+    monkeypatch.setattr(mutants, "release", lambda course, name: None)
+    with pytest.raises(CourseError, match="solution fails test_clamp.*--full-runs"):
+        mutants.mutation_score(Course(tmp_path), "tiny")
+    mutants.mutation_score(Course(tmp_path), "tiny", full_runs=True)
+    assert asked == [True, False]

@@ -112,10 +112,8 @@ ROUND_ROBIN = ("import itertools\n_turn = itertools.count()\n"
                "def route(spec, in_flight):\n    return next(_turn) % len(in_flight)\n")
 CHAPTER_5 = ("CONFIG = EngineConfig(**FLEET, max_num_seqs=16, max_num_batched_tokens=128, "
              "chunked_prefill=True, policy=SizeAware(long_prompt=256, long_share=0.25))\n")
-STARVES = ("class ShortOnly(Policy):\n"
-           "    def may_admit(self, seq, running, max_num_seqs):\n"
-           "        return len(seq.prompt_ids) < 410\n"
-           "CONFIG = EngineConfig(**FLEET, policy=ShortOnly())\n" + AFFINITY)
+CUSTOM_POLICY = ("class Mine(Policy):\n    pass\n"
+                 "CONFIG = EngineConfig(**FLEET, policy=Mine())\n")
 
 # (test cell, code a learner might write in its place, a fragment the failure must contain,
 #  the error's name)
@@ -148,7 +146,7 @@ MISTAKES = [
     ("test_redesign_improves",
      "CONFIG = EngineConfig(**FLEET, enable_prefix_caching=False)\n" + AFFINITY,
      "prefix caching is off", "AssertionError"),
-    ("test_redesign_slo", STARVES, "starvation", "RuntimeError"),
+    ("test_redesign_fleet", CUSTOM_POLICY, "the library's queue policies", "AssertionError"),
 ]
 
 

@@ -42,7 +42,8 @@ def test_source_assignment_specifics(source):
         if is_test(c) and meta(c)["grade_id"] != "test_queue_orders":
             assert "### BEGIN HIDDEN TESTS" in c.source, meta(c)["grade_id"]
         if is_test(c) and meta(c)["grade_id"].startswith("test_policy"):
-            assert "HIDDEN_A" in c.source.split("### BEGIN HIDDEN TESTS")[1]
+            hidden = c.source.split("### BEGIN HIDDEN TESTS")[1]
+            assert "HIDDEN_A" in hidden and "HIDDEN_C" in hidden
     # The intro's table states the same totals.
     assert "(20 points)" in source.cells[0].source
     assert sum(tests.values()) == 16 and sum(manual.values()) == 4
@@ -51,7 +52,7 @@ def test_source_assignment_specifics(source):
 def test_hidden_workloads_are_hidden_and_answers_are_not_in_visible_code(source):
     visible = "\n".join(c.source.split("### BEGIN HIDDEN TESTS")[0] for c in source.cells
                         if c.cell_type == "code" and meta(c).get("grade_id") not in ANSWER_CELLS)
-    assert "seed=11" not in visible and "seed=12" not in visible
+    assert "seed=11" not in visible and "seed=12" not in visible and "seed=13" not in visible
     for letter_var in ("ANSWER_CHUNK, \"b\"", "ANSWER_TRACE, \"b\"", "ANSWER_OVERLOAD, \"c\""):
         assert letter_var not in visible
 
@@ -137,6 +138,10 @@ MISTAKES = [
      "long requests starve"),
     ("test_policy_goodput", _policy(SHORT_FIRST, f"return not ({LONG}) or not running"),
      "admits too little"),
+    # One document at a time: fine while documents are rare, starves them on hidden workload C.
+    ("test_policy_long",
+     _policy(SHORT_FIRST, f"return not ({LONG}) or not any(len(o.prompt_ids) >= LONG_PROMPT "
+                          "for o in running)"), "long requests starve"),
     ("test_policy_goodput", _policy("return list(waiting)", "return len(running) < 2"),
      "admits too little"),
     # Never letting a document in: the run stalls and is reported, not hung.
@@ -153,7 +158,14 @@ MISTAKES = [
 
 def test_classic_mistakes_get_messages_that_name_them(source):
     """Each wrong answer runs against the real test cell (hidden tests included) in one kernel;
-    the correct solution runs first, so each mistake is the only thing wrong in its cell."""
+    the correct solution runs first, so each mistake is the only thing wrong in its cell.
+
+    In one kernel, not on the grading path: there every step of a policy's simulation is one
+    request to the kernel, and these mistakes took 455 s against 43 s in one kernel (2 busy
+    cores). The test cells run the same code either way (the tests' stand-in policy asks a
+    PolicyDriver, in-process here); test_grading_units checks the stand-in over the channel
+    schedules exactly as the policy itself, and the sandboxed test below grades the solution
+    and the blank release on the grading path."""
     check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES)
 
 

@@ -167,3 +167,36 @@ def test_a_sliding_window_caps_the_case_and_its_chart() -> None:
     assert growth_chart_png(lab.case, 0.3).startswith(b"\x89PNG")
     lab.set_case(window=0)                                        # a new case: hidden again
     assert lab.revealed_text() == KVCacheLab.HIDDEN
+
+
+def test_a_latent_cache_is_sized_next_to_gqa() -> None:
+    """MLA (DeepSeek-V2's 512 + 64): layers x tokens x 576 x 2 bytes, no K/V pair and no
+    heads, shown next to the GQA figure of the same shape; hidden until a guess is committed."""
+    lab = KVCacheLab(latent_dim=512, rope_dim=64)
+    mla = 80 * 4096 * (512 + 64) * 2
+    assert lab.case.total_bytes == mla == 377_487_360
+    assert lab.revealed_text() == KVCacheLab.HIDDEN
+    lab.set_guess("0.4")
+    lab.commit()
+    text = lab.revealed_text()
+    assert "80 x 4,096 x (512 + 64) x 2" in text and "377,487,360 bytes" in text
+    assert "next to GQA with 8 KV heads of 128: 1.342 GB, 3.56x the latent cache" in text
+    assert "within 1.5x" in text
+    assert KVCase(latent_dim=512, rope_dim=64, concurrency=4).total_bytes == 4 * mla
+    assert growth_chart_png(lab.case, 0.4).startswith(b"\x89PNG")
+    # One design at a time, refused with the reason; the old case and its answer stay.
+    assert not lab.set_case(window=1024)
+    assert "not both" in lab.message and lab.case.total_bytes == mla and lab.committed
+    with pytest.raises(ValueError, match="latent_dim"):
+        KVCase(latent_dim=-1)
+    # The widget: a latent dim set by hand hides the answer; an impossible one snaps back.
+    lab = KVCacheLab()
+    controls = lab._ui or (lab.ui(), lab._ui)[1]
+    controls.inputs["latent_dim"].value = 512
+    controls.inputs["rope_dim"].value = 64
+    controls.guess.value = "0.4"
+    controls.commit_button.click()
+    assert "377,487,360 bytes" in controls.answer.value
+    controls.inputs["window"].value = 1024
+    assert controls.inputs["window"].value == 0 and "not both" in controls.status.value
+    assert lab.committed and "377,487,360 bytes" in controls.answer.value

@@ -27,6 +27,7 @@ Many requests (chapters 3-5)
     scheduler       the iteration-level scheduler: who runs next step, how many tokens
     policies        queue policies: FCFS, shortest-prompt-first, size-aware
     engine          the continuous-batching engine: schedule, execute, post-process
+    batching        left padding, the padded mask and the slot steps as plain functions
     workload        arrival processes and request-length distributions
     simulator       the engine on a virtual clock with a calibrated cost model
 

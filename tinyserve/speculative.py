@@ -66,6 +66,21 @@ def accept_greedy(draft: list[int], target_argmax: list[int]) -> list[int]:
     return draft[:n] + [target_argmax[n]]
 
 
+def accept_greedy_logits(draft: list[int], target_logits: Tensor) -> list[int]:
+    """``accept_greedy`` given the target's logits (len(draft) + 1, vocab) of the verifying pass."""
+    return accept_greedy(list(draft), target_logits.argmax(dim=-1).tolist())
+
+
+def draft_greedy(model, context: list[int], k: int) -> list[int]:
+    """k greedy guesses after ``context`` of a model that keeps its own cache (``length``: the
+    positions it holds; ``feed(tokens)``: their logits): it is fed only what it lacks."""
+    logits = model.feed(list(context[model.length:]))
+    guesses = [int(logits[-1].argmax())]
+    while len(guesses) < k:
+        guesses.append(int(model.feed(guesses[-1:])[-1].argmax()))
+    return guesses
+
+
 def accept_sampled(draft: list[int], p: Tensor, q: Tensor | None,
                    generator: torch.Generator | None = None) -> list[int]:
     """Rejection sampling. ``p`` (len(draft) + 1, V) target probabilities, ``q`` (len(draft), V)

@@ -3,8 +3,10 @@ kv_cache_basics from the Assignments tab, answers 1a, validates and submits; the
 collects, grades and returns feedback through our CLI (their terminal); the student fetches
 the feedback and sees the score.
 
-Needs what tests/test_hub.py needs (root, jupyterhub, the proxy) and the browser; one hub
-for the module. About 2-3 minutes on 2 cores; screenshots in artifacts/e2e/test_student_.../.
+Needs what tests/test_hub.py needs (root, jupyterhub, the proxy) and the browser; the
+session's class hub (tests/conftest.py's class_hub, shared with tests/test_hub.py), with a
+fresh class for this module. About 2-3 minutes on 2 cores; screenshots in
+artifacts/e2e/test_student_.../.
 """
 from __future__ import annotations
 

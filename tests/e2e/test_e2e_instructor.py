@@ -46,12 +46,50 @@ def graded_course(tmp_path: Path) -> Path:
     assert source.count(SOLUTION_1A) == 1
     export = tmp_path / "export" / "ada" / NAME
     export.mkdir(parents=True)
-    (export / f"{NAME}.ipynb").write_text(source.replace(SOLUTION_1A, SLIP_1A))
+    (export / f"{NAME}.ipynb").write_text(plant_active_content(source.replace(SOLUTION_1A,
+                                                                              SLIP_1A)))
     autograder(course, "collect", NAME, str(tmp_path / "export"))
     out = autograder(course, "autograde", NAME, "--unsafe", "--no-progress", "--workers", "1")
     assert "ada" in out and "12/22" in out, out
     autograder(course, "feedback", NAME)
     return course
+
+
+# Active content a student plants where the instructor will look: a written answer and an
+# HTML output of an answer cell (made during grading, so it is in the autograded notebook).
+# Each would set window.__pwned in the instructor's page if the formgrader let it run.
+PLANTED_MARKDOWN = ("\n\n<img src=x onerror=\"window.__pwned = 'markdown img'\">"
+                    "<script>window.__pwned = 'markdown script'</script>")
+PLANTED_OUTPUT = r'''
+
+
+class _Shown:
+    def _repr_html_(self):
+        return ("<b>planted</b><img src=x onerror=\"window.__pwned = 'output img'\">"
+                "<script>window.__pwned = 'output script'</script>")
+
+
+_Shown()
+'''
+
+
+def plant_active_content(text: str) -> str:
+    import json
+    nb = json.loads(text)
+    for cell in nb["cells"]:
+        gid = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        source = "".join(cell["source"])
+        if gid == "written_double_context":
+            cell["source"] = source + PLANTED_MARKDOWN
+        elif SLIP_1A in source:
+            cell["source"] = source + PLANTED_OUTPUT
+    return json.dumps(nb)
+
+
+def submission_id(course: Path) -> str:
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{course / 'grading' / 'gradebook.db'}") as gb:
+        return gb.find_submission_notebook(NAME, NAME, "ada").id
 
 
 @pytest.fixture
@@ -104,3 +142,14 @@ def test_instructor_sees_assignments_a_graded_submission_and_feedback(
     expect(body.locator("tr").filter(has_text="test_kv_bytes")).to_contain_text("0.0 / 2.0")
     expect(body).not_to_contain_text("BEGIN HIDDEN TESTS")
     page.screenshot(path=str(artifacts / "03-feedback.png"), full_page=True)
+
+    # 4. The submission itself, as the formgrader shows it to grade the written answers: the
+    # planted image and script are there as inert text or not at all, and none of them ran.
+    page.goto(f"{lab.url}/formgrader/submissions/{submission_id(course)}/?index=0")
+    expect(page.locator("body")).to_contain_text("planted")   # the output is shown...
+    expect(page.locator(".cell").first).to_be_visible()
+    page.wait_for_load_state("load")
+    assert page.evaluate("() => window.__pwned") is None     # ...and nothing in it ran
+    assert page.locator("script", has_text="__pwned").count() == 0
+    assert page.locator("img[onerror]").count() == 0
+    page.screenshot(path=str(artifacts / "04-formgrader-submission-view.png"), full_page=True)

@@ -43,6 +43,9 @@ def add_parser(sub: Any) -> None:
                    help="prompt tokens for --dataset uniform (inclusive range)")
     p.add_argument("--output-len", type=int, nargs=2, default=[16, 128], metavar=("LOW", "HIGH"),
                    help="output caps for --dataset uniform (inclusive range)")
+    p.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
+                   help="/v1/completions (the prompt text) or /v1/chat/completions (the prompt "
+                        "as one user message, under the server's chat template)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos (vLLM's extension, which our server honours too): run "
                         "every request to its max_tokens, for exact output lengths")
@@ -94,13 +97,13 @@ def main(args: argparse.Namespace) -> int:
         if not args.no_warmup:   # one short request per server first: first-call costs
             warm = [Prompt(prompts[0].text, prompts[0].prompt_tokens, 2)]
             for url in urls:
-                run_load(url, args.model, warm)
+                run_load(url, args.model, warm, endpoint=args.endpoint)
         points = []
         for rate in args.rate:
             router = prompt_router(make_router(args.route, args.long_prompt)) if len(urls) > 1 else None
             results = run_load(urls, args.model, prompts, rate=rate, burstiness=args.burstiness,
                                concurrency=args.concurrency, seed=args.seed, router=router,
-                               ignore_eos=args.ignore_eos)
+                               ignore_eos=args.ignore_eos, endpoint=args.endpoint)
             points.append({"rate": rate, "metrics": run_metrics(results, slo, args.price_per_hour,
                                                               args.input_weight),
                            "errors": sorted({r.error for r in results if not r.ok})[:3]})
@@ -120,7 +123,8 @@ def main(args: argparse.Namespace) -> int:
         data = {"metrics": {"rate": clean(points[k]["rate"]), **m},
                 "points": [{**p, "rate": clean(p["rate"])} for p in points],
                 "knee_index": k, "slo": slo.__dict__, "model": args.model,
-                "urls": list(urls), "route": args.route, "dataset": args.dataset}
+                "urls": list(urls), "route": args.route, "dataset": args.dataset,
+                "endpoint": args.endpoint}
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
         print(f"wrote {args.json}")
     if args.plot:

@@ -20,6 +20,15 @@ Arrivals are Poisson or bursty at a rate (:func:`tinyserve.workload.arrival_time
 everything at once with a concurrency cap (a fixed number of users, each sending its next
 request as soon as the last one finished). Prompts come from :mod:`tinyserve.loadgen.prompts`.
 
+Endpoints: ``endpoint="completions"`` posts the prompt text to ``/v1/completions``;
+``endpoint="chat"`` posts it as one user message to ``/v1/chat/completions`` (the server
+applies its chat template, so the prompt tokens come from the usage chunk) with the cap as
+``max_completion_tokens``. A streamed chunk counts as a token unless it is a control chunk
+without text: a role-only first chunk, or an empty last chunk that only carries the finish
+reason when the usage chunk shows it is not a token (``transformers serve`` 5.24 sends both
+after its tokens; ours puts the role and the finish reason on token chunks), so TTFT and the
+gaps are those of tokens on either server.
+
 Output lengths: by default a request stops at ``<|end|>``, so its ``max_tokens`` is a cap, and
 the report uses the *real* output lengths from the final usage chunk. ``ignore_eos=True``
 sends vLLM's flag, which our server honours too, to force exact lengths.
@@ -79,14 +88,55 @@ class Result:
         return [b - a for a, b in zip(t, t[1:])]
 
 
-async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
-               ignore_eos: bool = False, replica: int = 0) -> Result:
-    """One streamed completion; every chunk is timestamped as it arrives."""
-    body: dict[str, Any] = {"model": model, "prompt": prompt.text, "max_tokens": prompt.max_tokens,
-                            "temperature": 0.0, "stream": True,
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def request_body(model: str, prompt: Prompt, endpoint: str = "completions",
+                 ignore_eos: bool = False) -> dict[str, Any]:
+    """The JSON body of one streamed request (greedy, usage in the last chunk)."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    body: dict[str, Any] = {"model": model, "temperature": 0.0, "stream": True,
                             "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+        body["max_completion_tokens"] = prompt.max_tokens
+    else:
+        body["prompt"] = prompt.text
+        body["max_tokens"] = prompt.max_tokens
     if ignore_eos:
         body["ignore_eos"] = True
+    return body
+
+
+def _token_text(choice: dict[str, Any], chat: bool) -> str | None:
+    """The text a streamed choice carries, or None when the chunk is no token: a chat chunk
+    with a role and no content (the first chunk some servers send). An empty text is a
+    token (one whose bytes do not yet make a character, or a stop token), except in an empty
+    chunk that only carries the finish reason: :func:`send` counts that one only when the
+    usage says a token is missing (some servers send it after the last token, others put the
+    stop token there)."""
+    if chat:
+        delta = choice.get("delta") or {}
+        text = delta.get("content")
+        if not text and (text is None or "role" in delta) and not choice.get("finish_reason"):
+            return None
+        return text or ""
+    return choice.get("text") or ""
+
+
+def _is_finish_only(choice: dict[str, Any], chat: bool) -> bool:
+    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+    return not text and bool(choice.get("finish_reason"))
+
+
+async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
+               ignore_eos: bool = False, replica: int = 0,
+               endpoint: str = "completions") -> Result:
+    """One streamed completion (or chat completion); every token chunk is timestamped as it
+    arrives."""
+    body = request_body(model, prompt, endpoint, ignore_eos)
+    chat = endpoint == "chat"
     res = Result(prompt.prompt_tokens, time.perf_counter(), replica=replica)
 
     sent = False
@@ -102,8 +152,9 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
         sent = True
         res.start = time.perf_counter()
 
+    finish_time: float | None = None     # arrival of an empty finish-only chunk, if any
     try:
-        async with client.stream("POST", base_url.rstrip("/") + "/v1/completions",
+        async with client.stream("POST", base_url.rstrip("/") + ENDPOINTS[endpoint],
                                  json=body, extensions={"trace": on_send}) as r:
             res.status = r.status_code
             if r.status_code != 200:
@@ -125,9 +176,13 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
                 chunk = json.loads(data)
                 if chunk.get("choices"):
                     choice = chunk["choices"][0]
-                    res.chunk_times.append(now)
-                    pieces.append(choice.get("text") or choice.get("delta", {}).get("content") or "")
                     res.finish_reason = choice.get("finish_reason") or res.finish_reason
+                    text = _token_text(choice, chat)
+                    if _is_finish_only(choice, chat):
+                        finish_time = now      # a token only if the usage is short of one
+                    elif text is not None:
+                        res.chunk_times.append(now)
+                        pieces.append(text)
                 if chunk.get("usage"):
                     res.output_tokens = chunk["usage"]["completion_tokens"]
                     res.prompt_tokens = chunk["usage"]["prompt_tokens"]
@@ -137,6 +192,8 @@ async def send(client: Any, base_url: str, model: str, prompt: Prompt, *,
         res.error = f"{type(e).__name__}: {e}"
         res.end = time.perf_counter()
         return res
+    if finish_time is not None and res.output_tokens > len(res.chunk_times):
+        res.chunk_times.append(finish_time)
     res.end = res.chunk_times[-1] if res.chunk_times else time.perf_counter()
     res.output_tokens = res.output_tokens or len(res.chunk_times)
     res.ok = bool(res.chunk_times)
@@ -151,7 +208,8 @@ Router = Callable[[Prompt, Sequence[int]], int]
 
 async def _run(urls: Sequence[str], model: str, prompts: Sequence[Prompt], rate: float,
                burstiness: float, concurrency: int | None, seed: int, router: Router | None,
-               ignore_eos: bool, timeout_s: float) -> tuple[list[Result], float]:
+               ignore_eos: bool, timeout_s: float,
+               endpoint: str = "completions") -> tuple[list[Result], float]:
     import httpx
     times = arrival_times(len(prompts), rate, np.random.default_rng(seed), burstiness)
     in_flight = [0] * len(urls)
@@ -166,7 +224,7 @@ async def _run(urls: Sequence[str], model: str, prompts: Sequence[Prompt], rate:
                 in_flight[k] += 1
                 try:
                     return await send(client, urls[k], model, prompts[i], ignore_eos=ignore_eos,
-                                      replica=k)
+                                      replica=k, endpoint=endpoint)
                 finally:
                     in_flight[k] -= 1
             finally:
@@ -187,10 +245,13 @@ async def _run(urls: Sequence[str], model: str, prompts: Sequence[Prompt], rate:
 def run_load(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt], *,
              rate: float = float("inf"), burstiness: float = 1.0, concurrency: int | None = None,
              seed: int = 0, router: Router | None = None, ignore_eos: bool = False,
-             timeout_s: float = 300.0) -> list[Result]:
+             timeout_s: float = 300.0, endpoint: str = "completions") -> list[Result]:
     """Send ``prompts`` at ``rate`` requests/s (``inf``: all at once, capped by
-    ``concurrency``) to one or several base URLs (``router`` picks; round-robin by default).
+    ``concurrency``) to one or several base URLs (``router`` picks; round-robin by default),
+    as completions or, with ``endpoint="chat"``, chat completions.
     Works from plain scripts and from a notebook (whose event loop is already running)."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
     if isinstance(urls, str):
         urls = [urls]
     if not prompts:
@@ -198,7 +259,7 @@ def run_load(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt], *
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     coro = lambda: _run(list(urls), model, prompts, rate, burstiness, concurrency, seed,  # noqa: E731
-                        router, ignore_eos, timeout_s)
+                        router, ignore_eos, timeout_s, endpoint)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -4,6 +4,10 @@ A guess made after the answer is on screen teaches nothing, so the calculator hi
 result until the learner has typed a guess (in GB) and pressed *Commit*. Changing any input
 afterwards hides the answer again: a new case deserves a new prediction.
 
+Besides grouped-query attention (the default), a case can cap each layer at a sliding window
+or cache a compressed latent per token (multi-head latent attention, MLA); the answer to an
+MLA case also gives the GQA figure for the same shape, so the two designs sit side by side.
+
 The logic lives in :class:`KVCacheLab`, a plain class with no widgets in it, so a test (or a
 reader without a browser) can drive it: ``set_guess``, ``commit``, ``revealed_text``.
 :meth:`KVCacheLab.ui` wraps the same object in ipywidgets for JupyterLab. After a commit the widget
@@ -17,7 +21,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .capacity import GB, GiB, kv_bytes_per_sequence, kv_bytes_sliding_window
+from .capacity import GB, GiB, kv_bytes_mla, kv_bytes_per_sequence, kv_bytes_sliding_window
 
 # Bytes of one cached number, by the name a model card uses.
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -33,6 +37,8 @@ class KVCase:
     tokens: int = 4096
     concurrency: int = 1
     window: int = 0        # sliding-window attention in every layer; 0 = every token is kept
+    latent_dim: int = 0    # multi-head latent attention (MLA): latent numbers cached; 0 = GQA
+    rope_dim: int = 0      # MLA's rotary key numbers cached next to the latent (MLA only)
 
     def __post_init__(self) -> None:
         for name in ("layers", "kv_heads", "head_dim", "tokens", "concurrency"):
@@ -42,6 +48,14 @@ class KVCase:
         if not isinstance(self.window, int) or self.window < 0:
             raise ValueError(f"window must be a whole number >= 0 (0 = no window), "
                              f"got {self.window!r}")
+        for name in ("latent_dim", "rope_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a whole number >= 0 (0 = no latent cache), "
+                                 f"got {value!r}")
+        if self.latent_dim and self.window:
+            raise ValueError("choose a sliding window or a latent (MLA) cache, not both: the "
+                             "lab sizes one design at a time (set window or latent_dim to 0)")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"unknown dtype {self.dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
 
@@ -56,9 +70,18 @@ class KVCase:
 
     @property
     def bytes_per_sequence(self) -> int:
+        if self.latent_dim:
+            return kv_bytes_mla(self.layers, self.tokens, self.latent_dim, self.rope_dim,
+                                self.dtype)
         if self.window:
             return kv_bytes_sliding_window(self.layers, self.tokens, self.kv_heads,
                                            self.head_dim, self.dtype, self.window)
+        return kv_bytes_per_sequence(self.layers, self.tokens, self.kv_heads, self.head_dim,
+                                     self.dtype)
+
+    @property
+    def gqa_bytes_per_sequence(self) -> int:
+        """The same sequence with every token's keys and values cached per KV head (GQA)."""
         return kv_bytes_per_sequence(self.layers, self.tokens, self.kv_heads, self.head_dim,
                                      self.dtype)
 
@@ -81,15 +104,21 @@ class KVCacheLab:
         self._ui: Any = None
 
     # --- actions -------------------------------------------------------------------------
-    def set_case(self, **changes: Any) -> None:
-        """Change inputs; a changed case hides the answer until a new guess is committed."""
-        new = replace(self.case, **changes)
+    def set_case(self, **changes: Any) -> bool:
+        """Change inputs; a changed case hides the answer until a new guess is committed.
+        An impossible case is refused (False) with the reason in ``message``."""
+        try:
+            new = replace(self.case, **changes)
+        except ValueError as e:
+            self.message = str(e)
+            return False
         if new != self.case:
             self.case = new
             if self.committed:
                 self.committed = False
                 self.guess_gb = None
                 self.message = "The case changed: predict again, then commit."
+        return True
 
     def set_guess(self, guess: float | str | None) -> None:
         """Record a guess in GB (a number or text such as "1.5" or "2e-1"); not yet committed.
@@ -129,15 +158,10 @@ class KVCacheLab:
         if not self.committed:
             return self.HIDDEN
         c, total = self.case, self.case.total_bytes
-        kept = "tokens kept" if c.window else "tokens"
-        lines = [
-            f"KV bytes = 2 (K and V) x layers x {kept} x KV heads x head dim x bytes/element"
-            + (" x concurrency" if c.concurrency > 1 else ""),
-            f"         = 2 x {c.layers} x {c.kept_tokens:,} x {c.kv_heads} x {c.head_dim} x "
-            f"{c.bytes_per_element}" + (f" x {c.concurrency}" if c.concurrency > 1 else ""),
-            f"         = {total:,} bytes",
-            f"         = {total / GB:,.3f} GB (10^9 bytes) = {total / GiB:,.3f} GiB (2^30 bytes)",
-        ]
+        lines = self._latent_lines() if c.latent_dim else self._gqa_lines()
+        lines += [f"         = {total:,} bytes",
+                  f"         = {total / GB:,.3f} GB (10^9 bytes) = {total / GiB:,.3f} GiB "
+                  f"(2^30 bytes)"]
         if c.window:
             lines.append(f"sliding window {c.window:,}: each layer keeps min({c.tokens:,}, "
                          f"{c.window:,}) = {c.kept_tokens:,} tokens")
@@ -145,8 +169,31 @@ class KVCacheLab:
             per = c.bytes_per_sequence
             lines.append(f"per sequence: {per:,} bytes = {per / GB:,.3f} GB = "
                          f"{per / GiB:,.3f} GiB")
+        if c.latent_dim:
+            gqa = c.concurrency * c.gqa_bytes_per_sequence
+            lines.append(f"next to GQA with {c.kv_heads} KV heads of {c.head_dim}: "
+                         f"{gqa / GB:,.3f} GB, {gqa / total:,.2f}x the latent cache")
         lines.append(self.verdict())
         return "\n".join(lines)
+
+    def _gqa_lines(self) -> list[str]:
+        c = self.case
+        kept = "tokens kept" if c.window else "tokens"
+        many = c.concurrency > 1
+        return [f"KV bytes = 2 (K and V) x layers x {kept} x KV heads x head dim x bytes/element"
+                + (" x concurrency" if many else ""),
+                f"         = 2 x {c.layers} x {c.kept_tokens:,} x {c.kv_heads} x {c.head_dim} "
+                f"x {c.bytes_per_element}" + (f" x {c.concurrency}" if many else "")]
+
+    def _latent_lines(self) -> list[str]:
+        # MLA caches one latent (plus a rotary key part) per token and layer, shared by every
+        # head: no factor 2 for K and V and no head count (capacity.kv_bytes_mla).
+        c = self.case
+        many = c.concurrency > 1
+        return [f"KV bytes = layers x tokens x (latent dim + rotary dim) x bytes/element"
+                + (" x concurrency" if many else "") + "   (MLA: no K/V pair, no heads)",
+                f"         = {c.layers} x {c.tokens:,} x ({c.latent_dim} + {c.rope_dim}) x "
+                f"{c.bytes_per_element}" + (f" x {c.concurrency}" if many else "")]
 
     def verdict(self) -> str:
         """How far the committed guess was from the answer, as a factor."""
@@ -189,7 +236,9 @@ def growth_chart_png(case: KVCase, guess_gb: float | None = None) -> bytes:
             color="tab:blue",
             label=f"{case.layers} layers, {case.kv_heads} KV heads, {case.dtype}"
                   + (f", {case.concurrency} sequences" if case.concurrency > 1 else "")
-                  + (f", window {case.window:,}" if case.window else ""))
+                  + (f", window {case.window:,}" if case.window else "")
+                  + (f", MLA latent {case.latent_dim} + {case.rope_dim}" if case.latent_dim
+                     else ""))
     ax.plot([case.tokens], [answer_gb], "o", color="tab:blue")
     ax.annotate(f"this case: {answer_gb:,.3f} GB", (case.tokens, answer_gb),
                 textcoords="offset points", xytext=(-8, 8), ha="right")
@@ -238,6 +287,10 @@ class _LabWidgets:
                                             description="sequences at once", **wide),
             "window": w.BoundedIntText(c.window, min=0, max=10**8,
                                        description="sliding window (0 = none)", **wide),
+            "latent_dim": w.BoundedIntText(c.latent_dim, min=0, max=65536,
+                                           description="MLA latent dim (0 = none)", **wide),
+            "rope_dim": w.BoundedIntText(c.rope_dim, min=0, max=65536,
+                                         description="MLA rotary dim", **wide),
         }
         self.guess = w.Text(placeholder="e.g. 0.5", description="your guess (GB)", **wide)
         self.commit_button = w.Button(description="Commit guess", button_style="primary")
@@ -257,7 +310,10 @@ class _LabWidgets:
         self.refresh()
 
     def _on_input(self, name: str, value: Any) -> None:
-        self.lab.set_case(**{name: value})
+        if not self.lab.set_case(**{name: value}):
+            message = self.lab.message
+            self.inputs[name].value = getattr(self.lab.case, name)   # back to the valid case
+            self.lab.message = message
         self.refresh()
 
     def _on_guess(self, text: str) -> None:
