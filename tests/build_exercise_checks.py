@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import pytest
+
 import exercise_checks
+from exercise_checks import ROOT, check_points_and_answers, is_test, meta
 
 _PASSED = "<the test cell passed>"
 
@@ -30,3 +33,27 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
         exercise_checks.check_named_mistakes(source, source_dir, answer_cells, cases, **options)
     finally:
         exercise_checks.errors = errors
+
+
+@pytest.fixture(autouse=True)
+def one_thread_kernels(monkeypatch):
+    """Imported by each build test module: the kernels its tests start run one torch thread,
+    as the grading sandbox does (two per kernel oversubscribe a shared 2-core machine)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def check_build_source(source, source_dir: Path, test_points: dict[str, int],
+                       answer_cells: set[str], total: int) -> None:
+    """What every build notebook's source holds: the checks imported read-only in the first
+    code cell (one shared copy, none beside the notebook), the points and answer cells, hidden
+    tests in every test cell, the total in the intro, and a device picked by the template."""
+    first = next(c for c in source.cells if c.cell_type == "code")
+    assert meta(first)["locked"] and not meta(first)["grade"]
+    assert "import autograder.build_checks as _build_checks" in first.source
+    released = ROOT / "exercises" / source_dir.name
+    assert not list(source_dir.glob("*.py")) and not list(released.glob("*.py"))
+    tests, _ = check_points_and_answers(source, test_points, {}, answer_cells)
+    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
+    assert f"({total} points)" in source.cells[0].source and sum(tests.values()) == total
+    text = "\n".join(c.source for c in source.cells)
+    assert "tinyserve.default_device()" in text and ".cuda()" not in text

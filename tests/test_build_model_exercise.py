@@ -9,25 +9,17 @@ Kernel runs take about 10-20 s each on 2 cores (the hidden tests load the shippe
 """
 from __future__ import annotations
 
-
-import nbformat
 import pytest
 
-from exercise_checks import (ROOT, check_named_mistakes, check_points_and_answers,
-                             check_sandboxed_grading, copy_notebook, errors, execute,
-                             exercise_paths, is_test, meta, needs_sandbox, run_blank_release,
+from build_exercise_checks import check_build_source, one_thread_kernels  # noqa: F401 (autouse)
+from exercise_checks import (check_named_mistakes, check_sandboxed_grading, copy_notebook, errors,
+                             execute, exercise_paths, meta, needs_sandbox, run_blank_release,
                              run_probe, source_fixture)
 
 NAME = "build_model"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
-
-@pytest.fixture(autouse=True)
-def one_thread_kernels(monkeypatch):
-    # The kernels these tests start run one torch thread, as the grading sandbox does: on a
-    # shared 2-core machine two threads per kernel oversubscribe it (8x slower, measured).
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 TEST_POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
                "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
@@ -38,20 +30,9 @@ ANSWER_CELLS = {"rms_norm", "rope", "attention", "swiglu", "block", "forward", "
 # ------------------------------------------------------------------ the source notebook
 
 def test_source_assignment_specifics(source):
+    check_build_source(source, SOURCE_DIR, TEST_POINTS, ANSWER_CELLS, total=28)
     first = next(c for c in source.cells if c.cell_type == "code")
-    assert meta(first)["locked"] and not meta(first)["grade"]
     assert "from autograder.testkit import check, check_close, check_equal" in first.source
-    assert "import autograder.build_checks as _build_checks" in first.source
-    # One shared copy, where the grader imports it; none in the student's folder.
-    assert not list(SOURCE_DIR.glob("*.py")) and not list((ROOT / "exercises" / NAME).glob("*.py"))
-    tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
-    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
-    intro = source.cells[0].source
-    assert "(28 points)" in intro and sum(tests.values()) == 28
-    assert "Estimated working time: about 80 min" in intro
-    # Device-agnostic: the template picks the device, nothing hard-codes CUDA.
-    text = "\n".join(c.source for c in source.cells)
-    assert "tinyserve.default_device()" in text and ".cuda()" not in text
 
 
 PROBE = """

@@ -7,12 +7,9 @@ tinyserve's verifier, and sandboxed grading.
 """
 from __future__ import annotations
 
-
-import pytest
-
-from build_exercise_checks import check_named_mistakes
-from exercise_checks import (ROOT, check_points_and_answers,
-                             check_sandboxed_grading, exercise_paths, is_test, meta, needs_sandbox,
+from build_exercise_checks import (check_build_source, check_named_mistakes,
+                                   one_thread_kernels)  # noqa: F401 (autouse fixture)
+from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
                              run_blank_release, run_probe, source_fixture)
 
 NAME = "build_speculative"
@@ -24,25 +21,8 @@ TEST_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greed
 ANSWER_CELLS = {"draft", "accept_greedy", "speculative", "accept_sampled"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread_kernels(monkeypatch):
-    # One torch thread per kernel, as in the grading sandbox (two oversubscribe a shared 2-core box).
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
 def test_source_assignment_specifics(source):
-    first = next(c for c in source.cells if c.cell_type == "code")
-    assert meta(first)["locked"] and not meta(first)["grade"]
-    assert "import autograder.build_checks as _build_checks" in first.source
-    # One shared copy, where the grader imports it; none in the student's folder.
-    assert not list(SOURCE_DIR.glob("*.py")) and not list((ROOT / "exercises" / NAME).glob("*.py"))
-    tests, _ = check_points_and_answers(source, TEST_POINTS, {}, ANSWER_CELLS)
-    assert all("### BEGIN HIDDEN TESTS" in c.source for c in source.cells if is_test(c))
-    intro = source.cells[0].source
-    assert "(12 points)" in intro and sum(tests.values()) == 12
-    assert "Estimated working time: about 50 min" in intro
-    text = "\n".join(c.source for c in source.cells)
-    assert "tinyserve.default_device()" in text and ".cuda()" not in text
+    check_build_source(source, SOURCE_DIR, TEST_POINTS, ANSWER_CELLS, total=12)
 
 
 PROBE = """
