@@ -147,6 +147,20 @@ def test_fused_projections_equal_separate_ones_and_follow_weight_changes() -> No
     assert all("_fused" not in k for k in model.state_dict())   # names unchanged for export
 
 
+def test_a_model_that_ran_inference_can_cross_to_another_process() -> None:
+    # The stacked copy is made outside inference mode, where autograd is on again: it must
+    # not require grad, or multiprocessing refuses to send the model (chapter 7's ranks).
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401 (registers torch's tensor reducers)
+    model = TinyLlama(SMALL).eval()
+    with torch.inference_mode():
+        model(torch.randint(0, SMALL.vocab_size, (1, 5)))
+    copies = [m.__dict__["_fused_weight"][1] for m in model.modules() if "_fused_weight" in m.__dict__]
+    assert copies and not any(c.requires_grad for c in copies)
+    ForkingPickler.dumps(model)
+
+
 def test_rope_table_rows_equal_rope_cos_sin_and_follow_the_dtype() -> None:
     # At inference the rotary cos/sin come from a table of every position; it must hold
     # exactly what rope_cos_sin computes, and be rebuilt when the model changes dtype.

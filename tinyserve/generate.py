@@ -87,6 +87,8 @@ def prefill(model: TinyLlama, ids: Tensor, cache: KVCache,
     each row's last position only, and scoring the vocabulary at every prompt position
     would cost as much as a few decode steps."""
     positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if logits_at is None:            # any model-like callable (a shard, a learner's model)
+        return model(ids, positions, cache)
     return model(ids, positions, cache, logits_at=logits_at)
 
 

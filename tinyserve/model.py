@@ -130,7 +130,10 @@ def fused_linear(x: Tensor, owner: nn.Module, linears: tuple[nn.Module, ...]) ->
     key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
     cached = owner.__dict__.get("_fused_weight")
     if cached is None or cached[0] != key:
-        with torch.inference_mode(False):  # a plain tensor, usable outside inference mode
+        # A plain tensor, usable outside inference mode; no_grad because leaving inference
+        # mode turns autograd back on, and a copy that requires grad cannot cross to another
+        # process (the parallel chapter sends the model to its ranks).
+        with torch.inference_mode(False), torch.no_grad():
             cached = (key, torch.cat(weights).t().contiguous(), [w.shape[0] for w in weights])
         owner.__dict__["_fused_weight"] = cached
     return (x @ cached[1]).split(cached[2], dim=-1)

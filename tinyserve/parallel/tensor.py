@@ -206,7 +206,7 @@ class TPShard(nn.Module):
         return block.mlp(block.post_attention_layernorm(x))
 
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
-                cache: KVStore | None = None) -> Tensor:
+                cache: KVStore | None = None, logits_at: Tensor | None = None) -> Tensor:
         positions, cos, sin, contiguous = prepare_positions(self.config, input_ids, positions,
                                                             self.dtype)
         x = self.embed_tokens(input_ids)
@@ -214,6 +214,8 @@ class TPShard(nn.Module):
             x = x + self.all_reduce(self.attention_partial(i, x, positions, cos, sin, cache,
                                                            contiguous))
             x = x + self.all_reduce(self.mlp_partial(i, x))
+        if logits_at is not None:        # as TinyLlama.forward: only the positions asked for
+            x = x[:, logits_at]
         return self.lm_head(self.norm(x)).float()
 
 
