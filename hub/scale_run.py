@@ -157,7 +157,8 @@ def start_hub(students: list[str], report: dict) -> tuple[Path, str, str, subpro
     hub_dir = Path(tempfile.mkdtemp(prefix="tsh-class-"))
     subprocess.run([sys.executable, str(REPO / "hub" / "setup_class.py"), "--hub-dir",
                     str(hub_dir), "--instructor", INSTRUCTOR, "--students", ",".join(students),
-                    "--password", secrets.token_urlsafe(12)], check=True, capture_output=True)
+                    "--password", secrets.token_urlsafe(12), "--empty-homes"],
+                   check=True, capture_output=True)
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, TINYSERVE_HUB_DIR=str(hub_dir), TINYSERVE_INSTRUCTOR=INSTRUCTOR,
                TINYSERVE_STUDENTS=",".join(students), TINYSERVE_HUB_PORT=str(port),
@@ -290,17 +291,6 @@ def stop_everything(url: str, token: str, students: list[str], hub: subprocess.P
     return left
 
 
-def empty_homes(users: list[str]) -> None:
-    for user in users:   # an earlier run's fetched work and nbgrader's caches go
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
-            continue     # setup_class creates it
-        shutil.rmtree(entry.pw_dir, ignore_errors=True)
-        Path(entry.pw_dir).mkdir(mode=0o700)
-        os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -314,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.getuid() != 0:
         sys.exit("error: the class run creates accounts and switches to them: run it as root")
     students = [f"tsh-s{i:02d}" for i in range(1, args.students + 1)]
-    empty_homes([INSTRUCTOR, *students])
     report: dict = {"students": len(students), "workers": args.workers,
                     "sandboxed": not args.unsafe, "cpus": os.cpu_count(),
                     "machine": platform.platform(), "load_avg_before": os.getloadavg()}

@@ -141,6 +141,19 @@ def harden_checkout() -> None:
         path.chmod(path.stat().st_mode & ~0o007)
 
 
+def empty_homes(users: list[str]) -> None:
+    """An earlier run's fetched work, course copy and nbgrader caches go (tests and the scale
+    run reuse their accounts); accounts that do not exist yet are left to ensure_account."""
+    for user in users:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            continue
+        shutil.rmtree(entry.pw_dir, ignore_errors=True)
+        Path(entry.pw_dir).mkdir(mode=0o700)
+        os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -148,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instructor", required=True)
     p.add_argument("--students", required=True, help="comma-separated account names")
     p.add_argument("--password", help="set this password on every account (tests only)")
+    p.add_argument("--empty-homes", action="store_true",
+                   help="empty the accounts' existing home folders first (tests, scale run)")
     args = p.parse_args(argv)
     if os.getuid() != 0:
         fail("setting up a class hub creates Unix accounts and needs root: run `sudo make hub` "
@@ -155,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     students = [s for s in args.students.split(",") if s]
     if not students:
         fail("--students names no account")
+    if args.empty_homes:
+        empty_homes([args.instructor, *students])
     state = args.hub_dir / "state"
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)

@@ -137,23 +137,12 @@ def user_processes(users: list[str]) -> dict[int, str]:
     return found
 
 
-def empty_homes(users: list[str]) -> None:
-    """A previous module's (or run's) fetched work, course copy and nbgrader caches go."""
-    for user in users:
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
-            continue     # setup_class creates it
-        shutil.rmtree(entry.pw_dir, ignore_errors=True)
-        Path(entry.pw_dir).mkdir(mode=0o700)
-        os.chown(entry.pw_dir, entry.pw_uid, entry.pw_gid)
-
-
 def setup_class(hub_dir: Path, password: str) -> None:
-    """hub/setup_class.py, as `make hub` runs it: accounts, exchange, the instructor's course."""
+    """hub/setup_class.py, as `make hub` runs it (accounts, exchange, the instructor's course),
+    with the accounts' homes emptied first: no earlier module's work stays."""
     subprocess.run([sys.executable, str(ROOT / "hub" / "setup_class.py"), "--hub-dir",
                     str(hub_dir), "--instructor", INSTRUCTOR, "--students", f"{ADA},{BOB}",
-                    "--password", password],
+                    "--password", password, "--empty-homes"],
                    check=True, capture_output=True, timeout=120)
 
 
@@ -176,7 +165,6 @@ def running_class_hub() -> Iterator[Hub]:
     """`make hub`'s two steps on a fresh folder and free loopback ports; stopped afterwards,
     with every process of the class's accounts checked gone. tests/conftest.py's `class_hub`
     holds one for the session: this module and the hub browser test share it."""
-    empty_homes(CLASS)
     hub_dir = Path(tempfile.mkdtemp(prefix="tsh-hub-"))
     password = secrets.token_urlsafe(12)
     setup_class(hub_dir, password)
@@ -232,7 +220,6 @@ def hub(class_hub: Hub) -> Iterator[Hub]:
     Every server the module started is stopped, and its processes checked gone, at the end."""
     left = stop_servers(class_hub)
     assert not left, f"a previous module left processes of the class's accounts: {left}"
-    empty_homes(CLASS)
     shutil.rmtree(class_hub.dir / "exchange", ignore_errors=True)
     setup_class(class_hub.dir, class_hub.password)
     yield class_hub
