@@ -55,6 +55,18 @@ SAMPLED = ("def accept_sampled(guesses, p, q, seed):\n"
 GOOD_SAMPLED = dict(keep="u < float(p[i, d]) / float(q[i, d])", residual="(p[i] - q[i]).clamp_min(0.0)",
                     bonus=" + [int(torch.multinomial(p[len(guesses)], 1, generator=generator))]")
 
+# The part-3 loop with its cache rollback as the variable part (the two slips below).
+LOOP = ("def speculative_greedy(prompt, n, k, target, dm):\n"
+        "    first = int(target.feed(list(prompt))[-1].argmax())\n"
+        "    context, out = list(prompt) + [first], [first]\n"
+        "    while len(out) < n:\n"
+        "        g = draft(dm, context, k)\n"
+        "        new = accept_greedy(g, target.feed(context[-1:] + g))\n"
+        "        context += new\n"
+        "        out += new\n"
+        "        {rollback}\n"
+        "    return out[:n]")
+
 MISTAKES = [
     ("test_accept_greedy",
      "def accept_greedy(guesses, logits):\n"
@@ -63,29 +75,12 @@ MISTAKES = [
      "    while n < len(guesses) and guesses[n] == c[n]:\n"
      "        n += 1\n"
      "    return guesses[:n] + ([c[n]] if n < len(guesses) else [])", "bonus token is missing"),
+    ("test_speculative_greedy", LOOP.format(rollback="dm.rollback(len(context) - 1)"),
+     "caches not rolled back"),
+    # correct tokens, but the draft re-reads one token every step
     ("test_speculative_greedy",
-     "def speculative_greedy(prompt, n, k, target, dm):\n"
-     "    first = int(target.feed(list(prompt))[-1].argmax())\n"
-     "    context, out = list(prompt) + [first], [first]\n"
-     "    while len(out) < n:\n"
-     "        g = draft(dm, context, k)\n"
-     "        new = accept_greedy(g, target.feed(context[-1:] + g))\n"
-     "        context += new\n"
-     "        out += new\n"
-     "        dm.rollback(len(context) - 1)\n"
-     "    return out[:n]", "caches not rolled back"),
-    ("test_speculative_greedy",  # correct tokens, but the draft re-reads one token every step
-     "def speculative_greedy(prompt, n, k, target, dm):\n"
-     "    first = int(target.feed(list(prompt))[-1].argmax())\n"
-     "    context, out = list(prompt) + [first], [first]\n"
-     "    while len(out) < n:\n"
-     "        g = draft(dm, context, k)\n"
-     "        new = accept_greedy(g, target.feed(context[-1:] + g))\n"
-     "        context += new\n"
-     "        out += new\n"
-     "        target.rollback(len(context) - 1)\n"
-     "        dm.rollback(len(context) - 2)\n"
-     "    return out[:n]", "no further"),
+     LOOP.format(rollback="target.rollback(len(context) - 1)\n        dm.rollback(len(context) - 2)"),
+     "no further"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, residual="p[i].clone()")), "drawn from p"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="True")), "follows the draft's q"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, bonus="")), "bonus token"),
