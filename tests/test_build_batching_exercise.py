@@ -32,7 +32,7 @@ def test_source_assignment_specifics(source):
 PROBE = """
 import json
 print("PROBE " + json.dumps({m: [len(r[1]), sum(r[1]), [len(t) for t in r[0]]] for m, r in runs.items()}
-                            | {"slots": SLOTS, "wanted": wanted, "ratio": stats["continuous"][1] / stats["static"][1]}))
+                            | {"slots": SLOTS, "wanted": wanted}))
 """
 
 
@@ -47,7 +47,6 @@ def test_solution_passes_every_test_and_measures_both_schedules(source):
         assert busy_slot_steps == sum(lengths) - len(lengths)
     # Continuous batching needs fewer steps for the same work: its slots are fuller.
     assert continuous[0] < static[0]
-    assert got["ratio"] > 0
 
 
 def test_blank_release_earns_nothing_and_leaks_nothing(source):
