@@ -91,11 +91,16 @@ class Result:
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
+def check_endpoint(endpoint: str) -> None:
+    """A clear error for an unknown endpoint, before any request is sent."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+
+
 def request_body(model: str, prompt: Prompt, endpoint: str = "completions",
                  ignore_eos: bool = False) -> dict[str, Any]:
     """The JSON body of one streamed request (greedy, usage in the last chunk)."""
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    check_endpoint(endpoint)
     body: dict[str, Any] = {"model": model, "temperature": 0.0, "stream": True,
                             "stream_options": {"include_usage": True}}
     if endpoint == "chat":
@@ -250,8 +255,7 @@ def run_load(urls: str | Sequence[str], model: str, prompts: Sequence[Prompt], *
     ``concurrency``) to one or several base URLs (``router`` picks; round-robin by default),
     as completions or, with ``endpoint="chat"``, chat completions.
     Works from plain scripts and from a notebook (whose event loop is already running)."""
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    check_endpoint(endpoint)
     if isinstance(urls, str):
         urls = [urls]
     if not prompts:
