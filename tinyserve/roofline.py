@@ -29,18 +29,18 @@ from torch import Tensor
 from .config import ModelConfig
 
 
-def _median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
-    fn()  # warm-up: first-touch page faults and lazy kernel loading are not bandwidth
+def _timings(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn`` after one warm-up call (first-touch page
+    faults and lazy kernel loading are not bandwidth), synchronized on a GPU."""
+    fn()
     times = []
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         start = time.perf_counter()
         fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
 
 
 def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
@@ -55,15 +55,7 @@ def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
     device = torch.device(device)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    dst.copy_(src)   # warm-up: first-touch page faults are not bandwidth
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return 2 * nbytes / min(times)
+    return 2 * nbytes / min(_timings(lambda: dst.copy_(src), device, repeats))
 
 
 def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
@@ -72,7 +64,7 @@ def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / _median_seconds(lambda: a @ b, device, repeats)
+    return 2 * n**3 / statistics.median(_timings(lambda: a @ b, device, repeats))
 
 
 @dataclass(frozen=True)
