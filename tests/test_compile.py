@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinyserve.compiled import BUCKETS, StaticKVCache, bucket_for, compiled_decoder, generate_compiled
+from tinyserve.compiled import (BUCKETS, StaticKVCache, bucket_for, compiled_decoder,
+                                generate_compiled, window_for)
 from tinyserve.config import ModelConfig
 from tinyserve.__main__ import main
 from tinyserve.generate import decode_step, generate_batch, generate_stream, prefill
@@ -65,6 +66,21 @@ def test_buckets_and_the_limit_are_named() -> None:
     assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
     with pytest.raises(ValueError, match=f"at most {BUCKETS[-1]} rows, got 65"):
         bucket_for(65)
+
+
+def test_windows_are_powers_of_two_up_to_the_context_window() -> None:
+    # A static graph attends over every slot of its cache: a short request gets a short one.
+    assert [window_for(n, 512) for n in (1, 64, 65, 128, 129, 300, 512)] == \
+        [64, 64, 128, 128, 256, 512, 512]
+    assert window_for(40, 48) == 48          # never longer than the model's window
+    with pytest.raises(ValueError, match="do not fit the context window of 512"):
+        window_for(513, 512)
+    wide = ModelConfig(**{**SMALL.to_dict(), "max_position_embeddings": 256})
+    model = sharp_model(wide, seed=8)
+    prompts = [random_prompt(96, 10, seed=9)]
+    assert generate_compiled(model, prompts, 20, backend="eager") == generate_batch(model, prompts, 20)
+    assert compiled_decoder(model, 1, backend="eager", tokens=30).cache.max_seq == 64
+    assert compiled_decoder(model, 1, backend="eager", tokens=200).cache.max_seq == 256
 
 
 def test_compile_flags_name_what_they_need(capsys: pytest.CaptureFixture[str]) -> None:

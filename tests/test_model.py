@@ -147,6 +147,22 @@ def test_fused_projections_equal_separate_ones_and_follow_weight_changes() -> No
     assert all("_fused" not in k for k in model.state_dict())   # names unchanged for export
 
 
+def test_wide_outputs_are_stored_transposed_and_give_the_same_logits() -> None:
+    # The stacked copy of a layer whose output is wider than its input (q/k/v, gate/up, the
+    # LM head) is kept (in, out) for a faster one-row matmul; the logits must not change.
+    torch.manual_seed(4)
+    model = TinyLlama(SMALL).eval()
+    ids = torch.randint(0, SMALL.vocab_size, (3, 6))
+    separate = model(ids)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), separate, rtol=1e-5, atol=1e-5)
+    _, head, sizes, transposed = model.__dict__["_fused_weight"]
+    assert transposed and sizes == [SMALL.vocab_size]
+    assert head.shape == (SMALL.hidden_size, SMALL.vocab_size) and head.is_contiguous()
+    mlp = model.model.layers[0].mlp.__dict__["_fused_weight"]
+    assert mlp[3] and mlp[1].shape == (SMALL.hidden_size, 2 * SMALL.intermediate_size)
+
+
 def test_a_model_that_ran_inference_can_cross_to_another_process() -> None:
     # The stacked copy is made outside inference mode, where autograd is on again: it must
     # not require grad, or multiprocessing refuses to send the model (chapter 7's ranks).

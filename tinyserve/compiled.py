@@ -17,7 +17,11 @@ not have (its keys grow each step, and it keeps lengths on the host). So this mo
 - :func:`generate_compiled`: static-batch greedy or sampled generation on it, the compiled
   twin of :func:`~tinyserve.generate.generate_batch` (tests check they give equal tokens).
 
-Batches are padded up to a bucket (1, 2, 4, ... 64) so a handful of graphs serve every size.
+Batches are padded up to a bucket (1, 2, 4, ... 64) so a handful of graphs serve every size,
+and the cache holds only the window a request needs, rounded up to a power of two (64, 128,
+... the model's context window): attention in a static graph reads every slot of the cache,
+so a 512-slot cache would make a 100-token request read five times the keys it has. One
+graph per (batch bucket, window) pair, each compiled on first use.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from .model import TinyLlama
 from .sampling import SamplingParams, sample_with
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SMALLEST_WINDOW = 64
 
 
 def bucket_for(batch: int) -> int:
@@ -44,8 +49,22 @@ def bucket_for(batch: int) -> int:
                      f"split the batch or run it eagerly (without --compile)")
 
 
+def window_for(tokens: int, context_window: int) -> int:
+    """The cache length for requests of up to ``tokens`` positions (prompt + output): the
+    smallest power of two from :data:`SMALLEST_WINDOW` that holds them, at most the model's
+    ``context_window``."""
+    if tokens > context_window:
+        raise ValueError(f"{tokens} positions do not fit the context window of "
+                         f"{context_window}; shorten the prompt or lower max_tokens")
+    window = SMALLEST_WINDOW
+    while window < tokens:
+        window *= 2
+    return min(window, context_window)
+
+
 class StaticKVCache:
-    """Keys and values for ``batch_size`` rows of the whole context window, fixed shapes.
+    """Keys and values for ``batch_size`` rows of ``max_seq`` slots (default: the model's
+    context window), fixed shapes.
 
     Implements the model's ``KVStore`` protocol like :class:`~tinyserve.kv_cache.KVCache`, but
     keeps no lengths on the host: it returns all ``max_seq`` slots every step, each with
@@ -64,9 +83,9 @@ class StaticKVCache:
     """
 
     def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, max_seq: int | None = None) -> None:
         self.config, self.batch_size = config, batch_size
-        self.max_seq = config.max_position_embeddings
+        self.max_seq = max_seq or config.max_position_embeddings
         shape = (batch_size, self.max_seq, config.num_key_value_heads, config.head_dim)
         layers = range(config.num_hidden_layers)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
@@ -103,10 +122,10 @@ class CompiledDecoder:
     """
 
     def __init__(self, model: TinyLlama, batch_size: int, mode: str | None = None,
-                 backend: str = "inductor") -> None:
+                 backend: str = "inductor", window: int | None = None) -> None:
         self.model = model
         self.cache = StaticKVCache(model.config, batch_size, device=model.device,
-                                   dtype=model.dtype)
+                                   dtype=model.dtype, max_seq=window)
         self.backend = backend
         self.mode = None if backend != "inductor" else \
             mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
@@ -156,18 +175,22 @@ def compile_token_layers(model: TinyLlama, backend: str = "inductor") -> None:
         layer.mlp.compile(backend=backend, dynamic=True, fullgraph=True)
 
 
-_DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[tuple[int, str | None, str], CompiledDecoder]]" = \
+DecoderKey = tuple[int, int, str | None, str]
+_DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[DecoderKey, CompiledDecoder]]" = \
     weakref.WeakKeyDictionary()
 
 
 def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
-                     backend: str = "inductor") -> CompiledDecoder:
-    """The decoder for ``model`` and the bucket holding ``batch`` rows, compiled once and
+                     backend: str = "inductor", tokens: int | None = None) -> CompiledDecoder:
+    """The decoder for ``model``, the bucket holding ``batch`` rows and the window holding
+    ``tokens`` positions per row (default: the whole context window), compiled once and
     reused (compiling again for every request would cost more than it saves)."""
+    context = model.config.max_position_embeddings
+    window = window_for(context if tokens is None else tokens, context)
     per_model = _DECODERS.setdefault(model, {})
-    key = (bucket_for(batch), mode, backend)
+    key = (bucket_for(batch), window, mode, backend)
     if key not in per_model:
-        per_model[key] = CompiledDecoder(model, key[0], mode, backend)
+        per_model[key] = CompiledDecoder(model, key[0], mode, backend, window)
     return per_model[key]
 
 
@@ -185,7 +208,9 @@ def generate_compiled(model: TinyLlama, prompts: Sequence[list[int]], max_tokens
     window = model.config.max_position_embeddings
     for p in prompts:
         check_prompt(p, max_tokens, window)
-    decoder = compiled_decoder(model, len(prompts), mode, backend)
+    longest = max(len(p) for p in prompts)
+    decoder = compiled_decoder(model, len(prompts), mode, backend,
+                               tokens=min(window, longest + max_tokens))
     device, B, bucket = model.device, len(prompts), decoder.cache.batch_size
     lengths = [len(p) for p in prompts] + [1] * (bucket - len(prompts))
     pad = model.config.pad_token_id

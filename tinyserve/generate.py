@@ -127,7 +127,7 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     decoder = None
     if compile:
         from .compiled import compiled_decoder
-        decoder = compiled_decoder(model, 1)
+        decoder = compiled_decoder(model, 1, tokens=len(prompt_ids) + steps)
     cache = (decoder.cache if decoder is not None else
              KVCache.for_model(model, 1, len(prompt_ids) + steps) if use_cache else None)
     generator = sampling.generator()

@@ -178,7 +178,8 @@ def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
     """Seconds per compiled decode step after prompts (B, T), B a bucket size, and the
     seconds its first call took (compiling, unless this bucket was compiled before)."""
     from .compiled import compiled_decoder
-    decoder = compiled_decoder(model, prompts.shape[0], backend=backend)
+    decoder = compiled_decoder(model, prompts.shape[0], backend=backend,
+                               tokens=prompts.shape[1] + n)
     if decoder.cache.batch_size != prompts.shape[0]:
         raise ValueError(f"time the compiled step at a bucket size, not {prompts.shape[0]}")
     T = prompts.shape[1]
