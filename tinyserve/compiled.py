@@ -129,7 +129,12 @@ class CompiledDecoder:
         self.backend = backend
         self.mode = None if backend != "inductor" else \
             mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
-        self._step = torch.compile(self._forward, backend=backend, mode=self.mode,
+        # On a CPU, inductor's "C++ wrapper" also writes the code that calls the kernels in
+        # C++ instead of Python: at batch 1 on this course's CPU that took 5-10% off a step of
+        # under 2 ms. (A mode and options cannot both be given; the default mode has none.)
+        options = {"cpp_wrapper": True} if self.mode == "default" else None
+        self._step = torch.compile(self._forward, backend=backend,
+                                   mode=None if options else self.mode, options=options,
                                    fullgraph=True, dynamic=False)
         self.compile_seconds: float | None = None
 
