@@ -95,17 +95,16 @@ class ModelExecutor:
         positions: list[int] = []
         rows = []
         bs = blocks.block_size
-        offsets = torch.arange(bs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed
-            tokens = seq.token_ids
-            ids += tokens[start:start + n]
+            ids += seq.token_ids[start:start + n]
             positions += range(start, start + n)
-            # Slot of position p: table[p // block_size] * block_size + p % block_size.
-            table = torch.tensor(blocks.tables[seq.seq_id].blocks)
-            slots = (table[:, None] * bs + offsets).flatten()[:start + n]
-            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start,
-                                block_table=blocks.tables[seq.seq_id].blocks))
+            # Slot of position p: table[p // block_size] * block_size + p % block_size. Only
+            # the new tokens' slots are listed; the cache reads the context by block.
+            table = blocks.tables[seq.seq_id].blocks
+            new = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            rows.append(RowSpec(new_slots=new, context_slots=None, start=start,
+                                block_table=table))
         device = self.model.device
         self.cache.prepare(rows)
         # Only a row that reaches the end of its sequence samples; a prefill chunk that is
