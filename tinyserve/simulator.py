@@ -167,22 +167,13 @@ def save_cost_model(cost: CostModel, fit: dict[str, Any], meta: dict[str, Any],
                                      indent=2) + "\n")
 
 
-def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRecord]:
-    """Time the real model's step on a grid of batch shapes and return one record per shape.
-
-    Shapes: decode batches (1-32 sequences at contexts from 32 to most of the window),
-    prefill chunks (16 tokens to most of the window, fresh or after cached tokens), and
-    mixtures (decodes plus one chunk), each run through :class:`ModelExecutor` exactly as the
-    engine runs a step (slots from block tables, one flat forward, sampling). Each shape is
-    timed ``repeats`` times and the *fastest* kept: on a shared machine the others measure
-    the neighbours; the fastest is the step's own cost.
-    """
-    from .engine import ModelExecutor
-    from .scheduler import ScheduledBatch
-    window = model.config.max_position_embeddings
-    rng = np.random.default_rng(seed)
-    shapes: list[list[tuple[int, int]]] = []          # per row: (context before, new tokens)
-    for rows in (1, 2, 4, 8, 16, 32):
+def calibration_shapes(window: int) -> list[list[tuple[int, int]]]:
+    """The batch shapes :func:`measure_steps` times, each a list of (context before, new
+    tokens) per row: decode batches (1-64 sequences at contexts from 32 to most of the
+    window), prefill chunks (16 tokens to most of the window, fresh or after cached tokens),
+    and mixtures (decodes plus one chunk)."""
+    shapes: list[list[tuple[int, int]]] = []
+    for rows in (1, 2, 4, 8, 16, 32, 64):
         for ctx in (32, window // 4, window * 3 // 4):
             shapes.append([(ctx, 1)] * rows)
     for n in (window // 32, window // 8, window // 4, window // 2, window - 32):
@@ -192,11 +183,30 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRe
     for rows in (4, 16):
         for n in (window // 16, window // 4):
             shapes.append([(window // 4, 1)] * rows + [(0, n)])
+    return shapes
+
+
+def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRecord]:
+    """Time the real model's step on :func:`calibration_shapes` and return one record per
+    shape.
+
+    Each shape runs through :class:`ModelExecutor` exactly as the engine runs a step (slots
+    from block tables, one flat forward, sampling), ``repeats`` times, and the *fastest* is
+    kept: on a shared machine the others measure the neighbours; the fastest is the step's
+    own cost. The repeats go round the whole grid (shape 1, 2, ..., then 1, 2, ... again),
+    so a burst of load from another process slows one timing of many shapes rather than
+    every timing of one.
+    """
+    from .engine import ModelExecutor
+    window = model.config.max_position_embeddings
+    rng = np.random.default_rng(seed)
+    shapes = calibration_shapes(window)
     block_size = 16
-    blocks = BlockManager(sum(len(s) for s in shapes) * (window // block_size + 1), block_size,
-                          enable_prefix_caching=False)
+    # Every shape keeps its blocks for the whole run (the repeats go round the grid).
+    need = sum(-(-(ctx + n) // block_size) for shape in shapes for ctx, n in shape)
+    blocks = BlockManager(need, block_size, enable_prefix_caching=False)
     executor = ModelExecutor(model, blocks.num_blocks, block_size)
-    records = []
+    batches = []
     for i, shape in enumerate(shapes):
         batch = ScheduledBatch()
         for j, (ctx, n) in enumerate(shape):
@@ -206,13 +216,12 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRe
             seq.num_computed = ctx
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
-        times = []
         executor.execute(batch, blocks)                # warm-up: first-call costs
-        for _ in range(repeats):
+        batches.append(batch)
+    best = [float("inf")] * len(batches)
+    for _ in range(repeats):
+        for i, batch in enumerate(batches):
             start = executor.now()
             executor.execute(batch, blocks)
-            times.append(executor.now() - start)
-        records.append(StepRecord(batch.num_tokens, len(batch), batch.attention_pairs, min(times)))
-        for seq in batch.seqs:
-            blocks.free(seq.seq_id)
-    return records
+            best[i] = min(best[i], executor.now() - start)
+    return [StepRecord(b.num_tokens, len(b), b.attention_pairs, t) for b, t in zip(batches, best)]
