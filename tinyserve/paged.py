@@ -206,9 +206,13 @@ class PagedKVCache:
         qd = q[0, :, :D] if lay.decode_prefix else q[0].index_select(1, lay.decode_tokens)
         # Gather whole units (blocks, or single slots) of the pool: (D, width, n_kv, hd).
         units = (-1, lay.decode_unit * n_kv * hd)
-        kd, vd = self._workspace(2 * len(lay.decode_gather) * units[1]).view(2, -1, units[1])
-        torch.index_select(k_pool.reshape(units), 0, lay.decode_gather, out=kd)
-        torch.index_select(v_pool.reshape(units), 0, lay.decode_gather, out=vd)
+        if torch.is_grad_enabled():   # out= records no autograd history: a fresh tensor
+            kd = k_pool.reshape(units).index_select(0, lay.decode_gather)
+            vd = v_pool.reshape(units).index_select(0, lay.decode_gather)
+        else:
+            kd, vd = self._workspace(2 * len(lay.decode_gather) * units[1]).view(2, -1, units[1])
+            torch.index_select(k_pool.reshape(units), 0, lay.decode_gather, out=kd)
+            torch.index_select(v_pool.reshape(units), 0, lay.decode_gather, out=vd)
         kd, vd = kd.view(D, -1, n_kv, hd), vd.view(D, -1, n_kv, hd)
         kd, vd = kd.permute(0, 2, 1, 3), vd.permute(0, 2, 1, 3)   # (D, n_kv, width, hd)
         # Grouped-query attention as in the model: the n_rep query heads sharing a KV
