@@ -57,6 +57,7 @@ class StepRecord:
     num_rows: int
     attention_pairs: int
     seconds: float
+    decode_kv_tokens: int = 0   # ScheduledBatch.decode_kv_tokens (last: it came later)
 
 
 @dataclass(frozen=True)
@@ -207,10 +208,11 @@ class Engine:
             if seq.trace.prefill_start is None:
                 seq.trace.prefill_start = start
         features = (batch.num_tokens, len(batch), batch.attention_pairs)
+        kv = batch.decode_kv_tokens
         tokens = self.executor.execute(batch, self.blocks)
         now = self.now()
         if self.step_log is not None:
-            self.step_log.append(StepRecord(*features, now - start))
+            self.step_log.append(StepRecord(*features, now - start, kv))
         self.steps += 1
         events = []
         for seq, n, token in zip(batch.seqs, batch.num_new_tokens, tokens):
