@@ -51,6 +51,19 @@ def test_traced_step_gives_eager_tokens_for_ragged_prompts_in_a_padded_bucket() 
     assert generate_compiled(model, again, 8, backend="eager") == generate_batch(model, again, 8)
 
 
+def test_a_traced_step_follows_weights_changed_after_it_was_traced() -> None:
+    # The step reads the stacked weight copies the eager prefill refreshes; a weight changed
+    # in place after tracing (fine-tuning, loading a checkpoint) must reach the next request.
+    model = sharp_model(SMALL, seed=4)
+    prompts = [random_prompt(96, 6, seed=1)]
+    assert generate_compiled(model, prompts, 10, backend="eager") == generate_batch(model, prompts, 10)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(-3)
+        model.lm_head.weight.mul_(0.5)
+    changed = generate_batch(model, prompts, 10)
+    assert generate_compiled(model, prompts, 10, backend="eager") == changed
+
+
 def test_compiled_kernels_give_eager_tokens() -> None:
     # Real code generation (inductor: C++ on a CPU, Triton and CUDA graphs on a GPU).
     model = sharp_model(ONE_LAYER, seed=5)

@@ -140,7 +140,15 @@ class CompiledDecoder:
     def prefill(self, ids: Tensor) -> Tensor:
         """Run right-padded prompts ``ids`` (B, T) eagerly into the cache; all logits."""
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        return self.model(ids, positions, self.cache)
+        logits = self.model(ids, positions, self.cache)
+        if self.mode == "reduce-overhead":
+            # The stacked weight copies this eager pass made (tinyserve.model.fused_linear)
+            # are plain tensors, not parameters: a CUDA graph would copy each into its own
+            # buffer at every replay unless told their addresses are fixed.
+            for module in self.model.modules():
+                if "_fused_weight" in module.__dict__:
+                    torch._dynamo.mark_static_address(module.__dict__["_fused_weight"][1])
+        return logits
 
     @torch.no_grad()
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:

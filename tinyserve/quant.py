@@ -25,8 +25,8 @@ with one (vocab, hidden) matrix. Per-row scales suit both uses: a row is one tok
 (what a lookup reads) and one output channel of the LM head. So the matrix is quantized once
 and the int8 values and scales are shared by :class:`Int8Embedding` and the head's
 :class:`Int8Linear`: the tie, and the memory it saves, survive. ``embeddings=False`` keeps
-that matrix in float (a common choice in practice: the head is the layer most sensitive to
-rounding); the ratio in the bench shows what it costs.
+that matrix in float (what published weight-quantization recipes do by default, e.g.
+llm-compressor's ``ignore: ["lm_head"]``); the ratio in the bench shows what it costs.
 
 **The KV cache** (:class:`Int8KVCache`): the contiguous cache with int8 slots and one fp32
 scale per (layer, row, KV head, token). ``update`` quantizes the new keys and values as they
