@@ -245,3 +245,51 @@ def test_decode_rows_gathered_by_block_equal_gathered_by_slot(model) -> None:
         out.append(model(torch.tensor([[t[-1] for t in prompts]]),
                          torch.tensor([[len(t) - 1 for t in prompts]]), cache)[0])
     torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)
+
+
+def _prefill_rows(model, bm, cache, prompts):
+    """Write all but the last token of each prompt into ``cache`` (slots listed)."""
+    for i, toks in enumerate(prompts):
+        bm.allocate(f"r{i}", toks)
+        slots = [bm.slot(f"r{i}", p) for p in range(len(toks) - 1)]
+        cache.prepare([RowSpec(slots, slots, 0)])
+        model(torch.tensor([toks[:-1]]), torch.arange(len(toks) - 1)[None], cache)
+
+
+@pytest.mark.parametrize("lengths", [(9, 6, 13), (8, 8, 8)])
+def test_rows_given_by_block_table_equal_rows_given_by_slot(model, lengths) -> None:
+    # The engine's step: decode rows first (read as a slice; rows of one length need no
+    # mask), then a prefill chunk, each row given only its new slots and its block table.
+    # The reference lists every context slot, gathered slot by slot.
+    bm = BlockManager(48, 4, enable_prefix_caching=False)
+    decodes = [random_prompt(CFG.vocab_size, n, seed=n) for n in lengths]
+    chunk = random_prompt(CFG.vocab_size, 11, seed=5)
+    caches = PagedKVCache(model.config, 48, 4), PagedKVCache(model.config, 48, 4)
+    for cache in caches:
+        _prefill_rows(model, BlockManager(48, 4, enable_prefix_caching=False), cache, decodes)
+    _prefill_rows(model, bm, PagedKVCache(model.config, 48, 4), decodes)   # same tables
+    bm.allocate("c", chunk)
+    ids = [t[-1] for t in decodes] + chunk[:7]
+    pos = [len(t) - 1 for t in decodes] + list(range(7))
+    out = []
+    for cache, by_table in zip(caches, (False, True)):
+        rows = []
+        for name, n, start in [(f"r{i}", len(t), len(t) - 1) for i, t in enumerate(decodes)] + [
+                ("c", 7, 0)]:
+            slots = [bm.slot(name, p) for p in range(n)]
+            rows.append(RowSpec(slots[start:], None if by_table else slots, start,
+                                bm.tables[name].blocks if by_table else None))
+        lay = cache.prepare(rows)
+        assert lay.decode_by_block is by_table and lay.decode_prefix
+        # No mask where every row sees the whole padded width: one length (whole blocks).
+        assert (lay.decode_mask is None) is (len(set(lengths)) == 1 and lengths[0] % 4 == 0)
+        out.append(model(torch.tensor([ids]), torch.tensor([pos]), cache)[0])
+    torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)
+    want = torch.stack([model(torch.tensor([t]))[0, -1] for t in decodes])
+    torch.testing.assert_close(out[1][:len(decodes)], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_without_slots_needs_its_block_table(model) -> None:
+    cache = PagedKVCache(model.config, 8, 4)
+    with pytest.raises(ValueError, match="needs its block_table"):
+        cache.prepare([RowSpec([5], None, 1)])

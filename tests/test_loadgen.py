@@ -253,7 +253,9 @@ def test_shape_routing_lowers_short_p99_ttft_on_the_simulator() -> None:
                           Uniform(16, 48), seed=5)
     config = EngineConfig(num_blocks=2048, block_size=16, max_num_seqs=16,
                           max_num_batched_tokens=256)
-    cost = CostModel.load()
+    # A fixed fit (the shipped one of November 2026): the story must not move when the
+    # shipped fit is recalibrated to a faster engine.
+    cost = CostModel(step=2.380e-3, token=2.247e-4, row=4.189e-4, pair=3.206e-7)
     p99 = {}
     for name in ("round-robin", "shape"):
         seqs, where = simulate(specs, make_router(name), 2, config, cost)

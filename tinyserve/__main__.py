@@ -238,7 +238,7 @@ def add_serve_parser(sub: SubParsers) -> None:
 def add_calibrate_parser(sub: SubParsers) -> None:
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
     add_model_argument(k)
-    k.add_argument("--repeats", type=int, default=5, help="timings per batch shape (fastest kept)")
+    k.add_argument("--repeats", type=int, default=20, help="timings per batch shape (fastest kept)")
     k.add_argument("--write", metavar="PATH",
                    help="save the fit (the shipped one: tinyserve/assets/cost_model.json)")
     k.set_defaults(func=_cmd_calibrate)

@@ -57,6 +57,7 @@ class StepRecord:
     num_rows: int
     attention_pairs: int
     seconds: float
+    decode_kv_tokens: int = 0   # ScheduledBatch.decode_kv_tokens (last: it came later)
 
 
 @dataclass(frozen=True)
@@ -95,17 +96,16 @@ class ModelExecutor:
         positions: list[int] = []
         rows = []
         bs = blocks.block_size
-        offsets = torch.arange(bs)
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed
-            tokens = seq.token_ids
-            ids += tokens[start:start + n]
+            ids += seq.token_ids[start:start + n]
             positions += range(start, start + n)
-            # Slot of position p: table[p // block_size] * block_size + p % block_size.
-            table = torch.tensor(blocks.tables[seq.seq_id].blocks)
-            slots = (table[:, None] * bs + offsets).flatten()[:start + n]
-            rows.append(RowSpec(new_slots=slots[start:], context_slots=slots, start=start,
-                                block_table=blocks.tables[seq.seq_id].blocks))
+            # Slot of position p: table[p // block_size] * block_size + p % block_size. Only
+            # the new tokens' slots are listed; the cache reads the context by block.
+            table = blocks.tables[seq.seq_id].blocks
+            new = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            rows.append(RowSpec(new_slots=new, context_slots=None, start=start,
+                                block_table=table))
         device = self.model.device
         self.cache.prepare(rows)
         # Only a row that reaches the end of its sequence samples; a prefill chunk that is
@@ -208,10 +208,11 @@ class Engine:
             if seq.trace.prefill_start is None:
                 seq.trace.prefill_start = start
         features = (batch.num_tokens, len(batch), batch.attention_pairs)
+        kv = batch.decode_kv_tokens
         tokens = self.executor.execute(batch, self.blocks)
         now = self.now()
         if self.step_log is not None:
-            self.step_log.append(StepRecord(*features, now - start))
+            self.step_log.append(StepRecord(*features, now - start, kv))
         self.steps += 1
         events = []
         for seq, n, token in zip(batch.seqs, batch.num_new_tokens, tokens):

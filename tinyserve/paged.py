@@ -25,21 +25,42 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
 from .config import ModelConfig
 
 
 @dataclass(frozen=True)
 class RowSpec:
-    """One sequence's part of a step (slots as lists or 1-D integer tensors)."""
+    """One sequence's part of a step (slots as lists or 1-D integer tensors).
+
+    A row attends to positions ``0 .. start + len(new_slots) - 1``. Their slots are
+    ``context_slots``, or, when that is ``None``, ``block_table[p // block_size] *
+    block_size + p % block_size`` (the engine passes only the table: listing every slot
+    of every row each step would cost more than the attention it feeds).
+    """
 
     new_slots: Sequence[int] | Tensor       # slot of each new token, in order
-    context_slots: Sequence[int] | Tensor   # slot of every token the row attends to, in order
+    context_slots: Sequence[int] | Tensor | None   # slot of every token the row attends to
     start: int                              # position of the first new token
     # The row's block table, when its context slots are whole blocks in table order
     # (``block * block_size + offset``): a decode row is then gathered a block at a time.
     block_table: Sequence[int] | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens the row attends to: those cached before the step and its new ones."""
+        return self.start + len(self.new_slots)
+
+
+def _long(values: Sequence[int] | Tensor) -> Tensor:
+    return torch.as_tensor(values, dtype=torch.long)
+
+
+def _flat(parts: Sequence[Sequence[int] | Tensor]) -> Tensor:
+    """Concatenate integer lists (one tensor built from Python ints) or tensors."""
+    if any(isinstance(p, Tensor) for p in parts):
+        return torch.cat([_long(p) for p in parts])
+    return torch.tensor([x for p in parts for x in p], dtype=torch.long)
 
 
 class StepLayout:
@@ -47,12 +68,13 @@ class StepLayout:
 
     def __init__(self, rows: Sequence[RowSpec], device: torch.device,
                  block_size: int | None = None) -> None:
-        as_long = lambda x: torch.as_tensor(x, dtype=torch.long)  # noqa: E731
-        new = [as_long(r.new_slots) for r in rows]
-        ctx = [as_long(r.context_slots) for r in rows]
-        sizes = [len(x) for x in new]
+        for r in rows:
+            if r.context_slots is None and (r.block_table is None or block_size is None):
+                raise ValueError("a row without context_slots needs its block_table and the "
+                                 "cache's block_size to find its slots")
+        sizes = [len(r.new_slots) for r in rows]
         self.num_tokens = sum(sizes)
-        self.write_slots = torch.cat(new).to(device)
+        self.write_slots = _flat([r.new_slots for r in rows]).to(device)
         # Where each row's new tokens sit in the flat token list.
         offsets = [0] * len(rows)
         for i in range(1, len(rows)):
@@ -60,31 +82,54 @@ class StepLayout:
         self.decode_rows = [i for i, n in enumerate(sizes) if n == 1]
         self.prefill_rows = [i for i, n in enumerate(sizes) if n > 1]
         if self.decode_rows:
-            lengths = torch.tensor([len(ctx[i]) for i in self.decode_rows])
-            # Decode rows are gathered into one padded batch. By whole blocks when every row
-            # has its block table: one index per block_size slots, each a contiguous chunk of
-            # the pool, instead of one per slot (the gather is most of a large decode step).
-            # Padding points at block or slot 0 and is hidden by the mask.
-            self.decode_by_block = block_size is not None and all(
-                rows[i].block_table is not None for i in self.decode_rows)
-            if self.decode_by_block:
-                gather = pad_sequence([as_long(rows[i].block_table) for i in self.decode_rows],
-                                      batch_first=True)                # (D, max_blocks)
-                width = gather.shape[1] * block_size                   # type: ignore[operator]
-            else:
-                gather = pad_sequence([ctx[i] for i in self.decode_rows], batch_first=True)
-                width = gather.shape[1]
-            visible = torch.arange(width)[None, :] < lengths[:, None]
-            self.decode_tokens = torch.tensor([offsets[i] for i in self.decode_rows], device=device)
-            self.decode_gather = gather.to(device)
-            self.decode_mask = visible[:, None, None, :].to(device)      # (D, 1, 1, width)
+            self._decode(rows, offsets, device, block_size)
         self.prefill_meta = []
         for i in self.prefill_rows:
-            n, width = sizes[i], len(ctx[i])
+            n, width = sizes[i], rows[i].length
+            ctx = _context_slots(rows[i], block_size)
             q_pos = torch.arange(rows[i].start, rows[i].start + n, device=device)
             k_pos = torch.arange(width, device=device)
             mask = (k_pos[None, :] <= q_pos[:, None])[None, None]       # (1, 1, n, ctx)
-            self.prefill_meta.append((offsets[i], n, ctx[i].to(device), mask))
+            self.prefill_meta.append((offsets[i], n, ctx.to(device), mask))
+
+    def _decode(self, rows: Sequence[RowSpec], offsets: list[int], device: torch.device,
+                block_size: int | None) -> None:
+        """The decode rows' gather: one padded batch of ``decode_width`` keys per row."""
+        picked = [rows[i] for i in self.decode_rows]
+        lengths = [r.length for r in picked]
+        # By whole blocks when every row has its block table: one index per block_size
+        # slots, each a contiguous chunk of the pool, instead of one per slot (the gather is
+        # most of a large decode step). Padding points at block or slot 0, hidden by the mask.
+        self.decode_by_block = block_size is not None and all(
+            r.block_table is not None for r in picked)
+        if self.decode_by_block:
+            unit = block_size
+            need = [-(-n // unit) for n in lengths]                 # blocks each row reads
+            per_row = [list(r.block_table[:k]) for r, k in zip(picked, need)]  # type: ignore[index]
+        else:
+            unit = 1
+            per_row = [_context_slots(r, block_size).tolist() for r in picked]
+        most = max(len(p) for p in per_row)
+        self.decode_unit = unit                                     # slots per gathered index
+        self.decode_gather = torch.tensor([p + [0] * (most - len(p)) for p in per_row],
+                                          dtype=torch.long, device=device).flatten()
+        width = most * unit
+        # No mask when every row sees the whole padded width (rows of one length).
+        self.decode_mask = None if min(lengths) == width else (
+            torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+        )[:, None, None, :].to(device)                              # (D, 1, 1, width)
+        # The engine schedules decodes first: their tokens then open the flat list and are
+        # read and written as a slice, not through an index.
+        self.decode_prefix = self.decode_rows == list(range(len(picked)))
+        self.decode_tokens = torch.tensor([offsets[i] for i in self.decode_rows], device=device)
+
+
+def _context_slots(row: RowSpec, block_size: int | None) -> Tensor:
+    """Slot of every position the row attends to, from its list or its block table."""
+    if row.context_slots is not None:
+        return _long(row.context_slots)
+    table = _long(row.block_table[:-(-row.length // block_size)])  # type: ignore[index, operator]
+    return (table[:, None] * block_size + torch.arange(block_size)).flatten()[:row.length]
 
 
 class PagedKVCache:
@@ -104,6 +149,10 @@ class PagedKVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.layout: StepLayout | None = None
+        # Where decode rows' keys and values are gathered, reused by every layer and step:
+        # a fresh multi-megabyte tensor per gather came from the OS each time, and its page
+        # faults made the copy 10x slower than the copy itself (64 rows of 384 tokens).
+        self._gathered = torch.empty(0, device=device, dtype=dtype)
 
     @property
     def nbytes(self) -> int:
@@ -127,29 +176,54 @@ class PagedKVCache:
         if lay is None or q.shape[2] != lay.num_tokens:
             raise ValueError("call prepare() with this step's rows before the forward pass")
         k_pool, v_pool = self.k[layer], self.v[layer]              # (slots, n_kv, hd)
-        k_pool[lay.write_slots] = k[0].transpose(0, 1)
-        v_pool[lay.write_slots] = v[0].transpose(0, 1)
+        # index_copy_/index_select rather than pool[index]: the same result, and the
+        # advanced-indexing kernel was 5x slower for these row copies (one thread, 64 rows).
+        k_pool.index_copy_(0, lay.write_slots, k[0].transpose(0, 1))
+        v_pool.index_copy_(0, lay.write_slots, v[0].transpose(0, 1))
+        if lay.decode_rows:
+            od = self._attend_decode(lay, q, k_pool, v_pool)       # (1, heads, D, hd)
+            if not lay.prefill_rows and lay.decode_prefix:
+                return od                                           # nothing else to place
         out = torch.empty_like(q)
         if lay.decode_rows:
-            qd = q[0, :, lay.decode_tokens].transpose(0, 1)[:, :, None]  # (D, heads, 1, hd)
-            if lay.decode_by_block:   # the pool as blocks: (num_blocks, block_size, n_kv, hd)
-                n, n_kv, hd = lay.decode_gather.shape[0], k_pool.shape[1], k_pool.shape[2]
-                blocked = (-1, self.block_size, n_kv, hd)
-                kd = k_pool.view(blocked)[lay.decode_gather].view(n, -1, n_kv, hd)
-                vd = v_pool.view(blocked)[lay.decode_gather].view(n, -1, n_kv, hd)
+            if lay.decode_prefix:
+                out[:, :, :od.shape[2]] = od
             else:
-                kd, vd = k_pool[lay.decode_gather], v_pool[lay.decode_gather]
-            kd, vd = kd.permute(0, 2, 1, 3), vd.permute(0, 2, 1, 3)  # (D, n_kv, width, hd)
-            # Grouped-query attention as in the model: the n_rep query heads sharing a KV
-            # head become n_rep query rows of it, the (D, 1, 1, width) mask broadcasting
-            # (2.7x faster than enable_gqa=True at 64 rows in a one-thread micro-benchmark).
-            D, heads, _, hd = qd.shape
-            od = F.scaled_dot_product_attention(qd.reshape(D, kd.shape[1], -1, hd), kd, vd,
-                                                attn_mask=lay.decode_mask)
-            out[0, :, lay.decode_tokens] = od.reshape(D, heads, hd).transpose(0, 1)
+                out[0].index_copy_(1, lay.decode_tokens, od[0])
         for offset, n, gather, mask in lay.prefill_meta:
-            kp = k_pool[gather].permute(1, 0, 2)[None]              # (1, n_kv, ctx, hd)
-            vp = v_pool[gather].permute(1, 0, 2)[None]
+            kp = k_pool.index_select(0, gather).permute(1, 0, 2)[None]   # (1, n_kv, ctx, hd)
+            vp = v_pool.index_select(0, gather).permute(1, 0, 2)[None]
             out[:, :, offset:offset + n] = F.scaled_dot_product_attention(
                 q[:, :, offset:offset + n], kp, vp, attn_mask=mask, enable_gqa=True)
         return out
+
+    def _attend_decode(self, lay: StepLayout, q: Tensor, k_pool: Tensor,
+                       v_pool: Tensor) -> Tensor:
+        """Attention of the step's decode rows, one query each: ``(1, heads, D, hd)``."""
+        D = len(lay.decode_rows)
+        _, heads, _, hd = q.shape
+        n_kv = k_pool.shape[1]
+        qd = q[0, :, :D] if lay.decode_prefix else q[0].index_select(1, lay.decode_tokens)
+        # Gather whole units (blocks, or single slots) of the pool: (D, width, n_kv, hd).
+        units = (-1, lay.decode_unit * n_kv * hd)
+        if torch.is_grad_enabled():   # out= records no autograd history: a fresh tensor
+            kd = k_pool.reshape(units).index_select(0, lay.decode_gather)
+            vd = v_pool.reshape(units).index_select(0, lay.decode_gather)
+        else:
+            kd, vd = self._workspace(2 * len(lay.decode_gather) * units[1]).view(2, -1, units[1])
+            torch.index_select(k_pool.reshape(units), 0, lay.decode_gather, out=kd)
+            torch.index_select(v_pool.reshape(units), 0, lay.decode_gather, out=vd)
+        kd, vd = kd.view(D, -1, n_kv, hd), vd.view(D, -1, n_kv, hd)
+        kd, vd = kd.permute(0, 2, 1, 3), vd.permute(0, 2, 1, 3)   # (D, n_kv, width, hd)
+        # Grouped-query attention as in the model: the n_rep query heads sharing a KV
+        # head become n_rep query rows of it, the (D, 1, 1, width) mask broadcasting
+        # (2.7x faster than enable_gqa=True at 64 rows in a one-thread micro-benchmark).
+        qd = qd.transpose(0, 1).reshape(D, n_kv, heads // n_kv, hd)
+        od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=lay.decode_mask)
+        return od.reshape(D, heads, hd).transpose(0, 1)[None]
+
+    def _workspace(self, numel: int) -> Tensor:
+        """``numel`` elements of the reused gather buffer (grown, never shrunk)."""
+        if self._gathered.numel() < numel:
+            self._gathered = torch.empty(numel, device=self.k.device, dtype=self.k.dtype)
+        return self._gathered[:numel]

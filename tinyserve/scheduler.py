@@ -62,6 +62,14 @@ class ScheduledBatch:
         return sum(n * (s.num_computed + n) for s, n in zip(self.seqs, self.num_new_tokens))
 
     @property
+    def decode_kv_tokens(self) -> int:
+        """Cached tokens the step's decode rows (one new token each) read: the engine gathers
+        them as one batch padded to the longest row, so rows x the longest context. Read
+        before the step runs."""
+        ctx = [s.num_computed + 1 for s, n in zip(self.seqs, self.num_new_tokens) if n == 1]
+        return len(ctx) * max(ctx, default=0)
+
+    @property
     def num_decodes(self) -> int:
         return sum(1 for s, n in zip(self.seqs, self.num_new_tokens) if n == 1 and not s.in_prefill)
 

@@ -5,12 +5,17 @@ the load) need thousands of requests, and a real run of thousands of requests ta
 a laptop and never gives the same numbers twice. The simulator keeps the *same* engine,
 scheduler and block manager and swaps only the executor: a step costs
 
-    seconds = step + token * tokens + row * rows + pair * query-key pairs
+    seconds = step + token * tokens + row * rows + pair * query-key pairs + kv * decode KV reads
 
 where ``tokens`` is everything computed in the step (prefill chunks + decodes), ``rows`` the
-sequences in it and ``pairs`` the attention scores (each new token times its context). The
-constants come from a least-squares fit to steps of the real model measured on this machine
-(:func:`calibrate`); the shipped fit is in ``assets/cost_model.json``, with its error.
+sequences in it, ``pairs`` the attention scores (each new token times its context) and
+``decode KV reads`` the cached tokens the decode rows read (rows x the longest one's context:
+they are gathered as one padded batch). The last term is apart from the pairs because the
+two kinds of attention cost differently per pair: a prefill chunk scores many queries
+against each key it reads (arithmetic), a decode row one query per key, so its cost is the
+reading of its cache (memory); one constant for both missed decode at 64 rows by 22% while
+two fit every measured shape within 16%. The constants come from a least-squares fit to
+steps of the real model measured on this machine (:func:`calibrate`); the shipped fit is in ``assets/cost_model.json``, with its error.
 Produced tokens are placeholders: requests end at their ``max_tokens``.
 """
 from __future__ import annotations
@@ -43,10 +48,12 @@ class CostModel:
     token: float = 2.0e-5    # seconds per token computed (weights read once per step)
     row: float = 1.0e-5      # seconds per sequence in the step (gathers, sampling)
     pair: float = 1.0e-8     # seconds per query-key pair scored by attention
+    kv: float = 0.0          # seconds per cached token a decode row reads (the gather)
 
-    def seconds(self, num_tokens: int, num_rows: int, attention_pairs: int) -> float:
+    def seconds(self, num_tokens: int, num_rows: int, attention_pairs: int,
+                decode_kv_tokens: int = 0) -> float:
         return (self.step + self.token * num_tokens + self.row * num_rows
-                + self.pair * attention_pairs)
+                + self.pair * attention_pairs + self.kv * decode_kv_tokens)
 
     @classmethod
     def load(cls, path: str | Path = COST_MODEL_PATH) -> "CostModel":
@@ -61,25 +68,27 @@ def calibrate(records: Sequence[StepRecord]) -> tuple[CostModel, dict[str, float
     a term that fits negative is dropped and the rest refitted.
     """
     if len(records) < 8:
-        raise ValueError(f"need at least 8 measured steps to fit 4 constants, got {len(records)}")
-    X = np.array([[1.0, r.num_tokens, r.num_rows, r.attention_pairs] for r in records])
+        raise ValueError(f"need at least 8 measured steps to fit 5 constants, got {len(records)}")
+    X = np.array([[1.0, r.num_tokens, r.num_rows, r.attention_pairs, r.decode_kv_tokens]
+                  for r in records])
     y = np.array([r.seconds for r in records])
     # Relative least squares (each row divided by its time): a 3 ms decode step matters as
     # much as a 120 ms prefill, and decode steps are most of what a server runs.
     Xw, yw = X / y[:, None], np.ones_like(y)
-    keep = [0, 1, 2, 3]
+    keep = [0, 1, 2, 3, 4]
     while True:
         coef, *_ = np.linalg.lstsq(Xw[:, keep], yw, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep.pop(int(np.argmin(coef)))
-    full = np.zeros(4)
+    full = np.zeros(5)
     full[keep] = np.clip(coef, 0, None)
     pred = X @ full
     ss_res = float(((y - pred) ** 2).sum())
     ss_tot = float(((y - y.mean()) ** 2).sum()) or 1.0
     fit = {"r2": 1 - ss_res / ss_tot,
            "median_abs_rel_error": float(np.median(np.abs(pred - y) / y)),
+           "max_abs_rel_error": float(np.max(np.abs(pred - y) / y)),
            "steps": len(records)}
     return CostModel(*full.tolist()), fit
 
@@ -98,7 +107,8 @@ class SimulatedExecutor:
         self.clock = max(self.clock, t)
 
     def execute(self, batch: ScheduledBatch, blocks: BlockManager) -> list[int | None]:
-        self.clock += self.cost.seconds(batch.num_tokens, len(batch), batch.attention_pairs)
+        self.clock += self.cost.seconds(batch.num_tokens, len(batch), batch.attention_pairs,
+                                        batch.decode_kv_tokens)
         return [FILLER_TOKEN if s.num_computed + n >= s.num_tokens else None
                 for s, n in zip(batch.seqs, batch.num_new_tokens)]
 
@@ -167,24 +177,19 @@ def save_cost_model(cost: CostModel, fit: dict[str, Any], meta: dict[str, Any],
                                      indent=2) + "\n")
 
 
-def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRecord]:
-    """Time the real model's step on a grid of batch shapes and return one record per shape.
-
-    Shapes: decode batches (1-32 sequences at contexts from 32 to most of the window),
-    prefill chunks (16 tokens to most of the window, fresh or after cached tokens), and
-    mixtures (decodes plus one chunk), each run through :class:`ModelExecutor` exactly as the
-    engine runs a step (slots from block tables, one flat forward, sampling). Each shape is
-    timed ``repeats`` times and the *fastest* kept: on a shared machine the others measure
-    the neighbours; the fastest is the step's own cost.
-    """
-    from .engine import ModelExecutor
-    from .scheduler import ScheduledBatch
-    window = model.config.max_position_embeddings
-    rng = np.random.default_rng(seed)
-    shapes: list[list[tuple[int, int]]] = []          # per row: (context before, new tokens)
-    for rows in (1, 2, 4, 8, 16, 32):
+def calibration_shapes(window: int) -> list[list[tuple[int, int]]]:
+    """The batch shapes :func:`measure_steps` times, each a list of (context before, new
+    tokens) per row: decode batches (1-64 sequences at contexts from 32 to most of the
+    window, and 16 of different lengths), prefill chunks (16 tokens to most of the window,
+    fresh or after cached tokens),
+    and mixtures (decodes plus one chunk)."""
+    shapes: list[list[tuple[int, int]]] = []
+    for rows in (1, 2, 4, 8, 16, 32, 64):
         for ctx in (32, window // 4, window * 3 // 4):
             shapes.append([(ctx, 1)] * rows)
+    # Rows of different lengths, as in a real decode batch: the padding to the longest is
+    # what separates the gather's cost (rows x longest) from the sum of the contexts.
+    shapes.append([(32 + (window - 64) * i // 15, 1) for i in range(16)])
     for n in (window // 32, window // 8, window // 4, window // 2, window - 32):
         shapes.append([(0, n)])
         if n <= window // 2:
@@ -192,11 +197,30 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRe
     for rows in (4, 16):
         for n in (window // 16, window // 4):
             shapes.append([(window // 4, 1)] * rows + [(0, n)])
+    return shapes
+
+
+def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRecord]:
+    """Time the real model's step on :func:`calibration_shapes` and return one record per
+    shape.
+
+    Each shape runs through :class:`ModelExecutor` exactly as the engine runs a step (slots
+    from block tables, one flat forward, sampling), ``repeats`` times, and the *fastest* is
+    kept: on a shared machine the others measure the neighbours; the fastest is the step's
+    own cost. The repeats go round the whole grid (shape 1, 2, ..., then 1, 2, ... again),
+    so a burst of load from another process slows one timing of many shapes rather than
+    every timing of one.
+    """
+    from .engine import ModelExecutor
+    window = model.config.max_position_embeddings
+    rng = np.random.default_rng(seed)
+    shapes = calibration_shapes(window)
     block_size = 16
-    blocks = BlockManager(sum(len(s) for s in shapes) * (window // block_size + 1), block_size,
-                          enable_prefix_caching=False)
+    # Every shape keeps its blocks for the whole run (the repeats go round the grid).
+    need = sum(-(-(ctx + n) // block_size) for shape in shapes for ctx, n in shape)
+    blocks = BlockManager(need, block_size, enable_prefix_caching=False)
     executor = ModelExecutor(model, blocks.num_blocks, block_size)
-    records = []
+    batches = []
     for i, shape in enumerate(shapes):
         batch = ScheduledBatch()
         for j, (ctx, n) in enumerate(shape):
@@ -206,13 +230,13 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRe
             seq.num_computed = ctx
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
-        times = []
         executor.execute(batch, blocks)                # warm-up: first-call costs
-        for _ in range(repeats):
+        batches.append(batch)
+    best = [float("inf")] * len(batches)
+    for _ in range(repeats):
+        for i, batch in enumerate(batches):
             start = executor.now()
             executor.execute(batch, blocks)
-            times.append(executor.now() - start)
-        records.append(StepRecord(batch.num_tokens, len(batch), batch.attention_pairs, min(times)))
-        for seq in batch.seqs:
-            blocks.free(seq.seq_id)
-    return records
+            best[i] = min(best[i], executor.now() - start)
+    return [StepRecord(b.num_tokens, len(b), b.attention_pairs, t, b.decode_kv_tokens)
+            for b, t in zip(batches, best)]
