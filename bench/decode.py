@@ -11,7 +11,8 @@ Ratios:
 - ``decode_mbu_b1_eager`` / ``decode_mbu_b1_compiled``: memory bound / measured per-token
   time at batch 1 (1.0 = as fast as the bytes can move);
 - ``compiled_vs_eager_b1``: eager / compiled per-token time (greater than 1: compiled faster);
-- ``compile_s``: seconds the first compiled step took (tracing and code generation).
+- ``compile_s``: seconds the first compiled step took (tracing and code generation, with
+  inductor's on-disk caches off: the cold compile a first user waits for).
 
 Both paths are checked to produce the same greedy tokens before anything is timed (fp32;
 in bf16 on a GPU, fused kernels round differently, so equality is reported, not required).
@@ -106,6 +107,10 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     # --quick on a CPU only traces the step (code generation takes a minute there); the
     # compiled kernels themselves are checked by tests/test_compile.py.
     backend = "eager" if quick and device.type == "cpu" else "inductor"
+    # compile_s is what a first user waits: inductor's on-disk cache would otherwise turn a
+    # second run's compile into a reload (seconds instead of tens of seconds on a CPU).
+    import torch._inductor.config as inductor_config
+    inductor_config.force_disable_caches = not quick
 
     # Equal tokens first: a fast path that computes something else is not faster.
     one = _prompts(model, 1, prompt_len)
