@@ -55,45 +55,18 @@ def engine_vs_cost_model(model: TinyLlama, rows_list: tuple[int, ...], context: 
     """The serving engine's decode step (paged cache, block tables, sampling: exactly what
     :class:`~tinyserve.engine.ModelExecutor` runs) at each row count, every row at
     ``context`` cached tokens, against the calibrated cost model's prediction for that
-    step. The fastest of ``repeats`` is kept, as the calibration does."""
-    import numpy as np
+    step. Timed by the calibration's own :func:`~tinyserve.simulator.measure_steps` (the
+    fastest of ``repeats``, the repeats going round the row counts)."""
+    from tinyserve.simulator import CostModel, measure_steps
 
-    from tinyserve.block_manager import BlockManager
-    from tinyserve.engine import ModelExecutor
-    from tinyserve.scheduler import ScheduledBatch
-    from tinyserve.sequence import Sequence as Seq
-    from tinyserve.simulator import CostModel
-
-    cost, rng, bs = CostModel.load(), np.random.default_rng(0), 16
-    blocks = BlockManager(len(rows_list) * max(rows_list) * (context // bs + 2), bs,
-                          enable_prefix_caching=False)
-    executor = ModelExecutor(model, blocks.num_blocks, bs)
-    batches = []
-    for rows in rows_list:
-        batch = ScheduledBatch()
-        for j in range(rows):
-            ids = rng.integers(6, model.config.vocab_size, context + 1).tolist()
-            seq = Seq(f"{rows}-{j}", ids, 1)
-            blocks.allocate(seq.seq_id, ids)
-            seq.num_computed = context
-            batch.seqs.append(seq)
-            batch.num_new_tokens.append(1)
-        executor.execute(batch, blocks)                 # warm-up
-        batches.append(batch)
-    # The repeats go round the row counts, as the calibration's do: a burst of load from
-    # another process then slows one timing of each, not every timing of one.
-    best = [float("inf")] * len(batches)
-    for _ in range(repeats):
-        for i, batch in enumerate(batches):
-            start = executor.now()
-            executor.execute(batch, blocks)
-            best[i] = min(best[i], executor.now() - start)
+    cost = CostModel.load()
+    records = measure_steps(model, repeats=repeats,
+                            shapes=[[(context, 1)] * rows for rows in rows_list])
     out = []
-    for rows, batch, t in zip(rows_list, batches, best):
-        predicted = cost.seconds(batch.num_tokens, len(batch), batch.attention_pairs,
-                                 batch.decode_kv_tokens)
-        out.append({"rows": rows, "measured_ms": t * 1e3, "cost_model_ms": predicted * 1e3,
-                    "measured_over_model": t / predicted})
+    for rows, r in zip(rows_list, records):
+        predicted = cost.seconds(r.num_tokens, r.num_rows, r.attention_pairs, r.decode_kv_tokens)
+        out.append({"rows": rows, "measured_ms": r.seconds * 1e3,
+                    "cost_model_ms": predicted * 1e3, "measured_over_model": r.seconds / predicted})
     return out
 
 

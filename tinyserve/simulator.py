@@ -200,9 +200,10 @@ def calibration_shapes(window: int) -> list[list[tuple[int, int]]]:
     return shapes
 
 
-def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRecord]:
-    """Time the real model's step on :func:`calibration_shapes` and return one record per
-    shape.
+def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0,
+                  shapes: list[list[tuple[int, int]]] | None = None) -> list[StepRecord]:
+    """Time the real model's step on ``shapes`` (default :func:`calibration_shapes`; each a
+    list of rows ``(cached tokens, new tokens)``) and return one record per shape.
 
     Each shape runs through :class:`ModelExecutor` exactly as the engine runs a step (slots
     from block tables, one flat forward, sampling), ``repeats`` times, and the *fastest* is
@@ -212,9 +213,9 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0) -> list[StepRe
     every timing of one.
     """
     from .engine import ModelExecutor
-    window = model.config.max_position_embeddings
     rng = np.random.default_rng(seed)
-    shapes = calibration_shapes(window)
+    if shapes is None:
+        shapes = calibration_shapes(model.config.max_position_embeddings)
     block_size = 16
     # Every shape keeps its blocks for the whole run (the repeats go round the grid).
     need = sum(-(-(ctx + n) // block_size) for shape in shapes for ctx, n in shape)
