@@ -205,8 +205,10 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
 
     cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache else None
     if cache is not None:
-        # Only each row's last prompt position is scored: (B, B, vocab), row b's at [b, b].
-        logits = prefill(model, padded, cache, logits_at=last)[rows, rows]
+        # Only the rows' last prompt positions are scored, each distinct one once (prompts
+        # of one length share it): (B, distinct, vocab), row b's at [b, which[b]].
+        ends, which = torch.unique(last, return_inverse=True)
+        logits = prefill(model, padded, cache, logits_at=ends)[rows, which]
         cache.rewind(lengths)
     else:
         seqs = [list(p) for p in prompts]
