@@ -16,8 +16,8 @@ there continuous batching fills 1.95x as many rows per step as static, and that 
 ratio is the ceiling of the throughput ratio, reached only where a step costs the same for
 3 rows as for 7; on this CPU it costs about 1.2x as much (one thread: the matrix multiplies
 grow with the rows), so 8 slots gave about 1.5x. Why 16: vLLM's default limit is 256
-running sequences, 1024 on GPUs of 70 GiB or more (``EngineArgs.get_batch_defaults`` in
-``vllm/engine/arg_utils.py``), so 8 understated how many requests a static batch holds, and
+running sequences on most GPUs, 1024 on GPUs of 70 GiB or more (not A100s) and 128 on a CPU
+(``EngineArgs.get_batch_defaults`` in ``vllm/engine/arg_utils.py``), so 8 understated how many requests a static batch holds, and
 the longest of 16 long-tailed replies holds its batch longer than the longest of 8. The
 request count follows the slots (six batches' worth) so the backlog is the same length as
 before, measured in batches. Prompt and output distributions are unchanged.

@@ -40,6 +40,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from teardown import account_processes, kill_leftovers, stop_hub  # hub/, this script's folder
+
 REPO = Path(__file__).resolve().parents[1]
 # Its own accounts, none shared with tests/test_hub.py (whose hub empties its users' homes
 # and ends their processes): a test hub on the same machine cannot touch this run.
@@ -252,17 +254,6 @@ def grade(python: str, hub_dir: Path, students: list[str], args: argparse.Namesp
     report["feedback_return_s"] = round(time.monotonic() - t, 1)
 
 
-def class_processes(uids: set[int]) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and entry.stat().st_uid in uids:
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 def stop_everything(url: str, token: str, students: list[str], hub: subprocess.Popen,
                     uids: set[int]) -> list[int]:
     """Each server stopped through the API (kernels first), then the hub; returns the pids
@@ -273,22 +264,10 @@ def stop_everything(url: str, token: str, students: list[str], hub: subprocess.P
         except (OSError, ValueError):
             pass
     deadline = time.monotonic() + 180
-    while class_processes(uids) and time.monotonic() < deadline:
+    while account_processes(uids) and time.monotonic() < deadline:
         time.sleep(1)
-    if hub.poll() is None:
-        os.killpg(hub.pid, signal.SIGTERM)
-        try:
-            hub.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(hub.pid, signal.SIGKILL)
-            hub.wait()
-    left = class_processes(uids)
-    for pid in left:   # started by this run, as the class's accounts
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return left
+    stop_hub(hub, timeout=120)
+    return list(kill_leftovers(uids))   # started by this run, as the class's accounts
 
 
 def main(argv: list[str] | None = None) -> int:

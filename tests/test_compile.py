@@ -127,6 +127,23 @@ def test_engine_with_compiled_mlps_gives_eager_tokens() -> None:
     assert all(k.startswith(("model.", "lm_head")) for k in compiled.state_dict())  # names kept
 
 
+@torch.no_grad()
+def test_compiled_mlps_follow_weights_changed_after_compiling() -> None:
+    # A model used eagerly first holds stacked gate/up copies; its compiled MLPs must still
+    # read the weights as they are now (traced only: backend="eager", seconds).
+    from tinyserve.compiled import compile_token_layers
+    from tinyserve.engine import EngineConfig, generate_many
+    prompts = [random_prompt(64, n, seed=n) for n in (3, 9)]
+    config = EngineConfig(num_blocks=32, block_size=4, max_num_batched_tokens=8)
+    model = sharp_model(ONE_LAYER, seed=5)
+    generate_many(model, prompts, 6, config)              # eager: makes the stacked copies
+    compile_token_layers(model, backend="eager")
+    model.model.layers[0].mlp.up_proj.weight.mul_(-3)
+    reference = sharp_model(ONE_LAYER, seed=5)
+    reference.model.layers[0].mlp.up_proj.weight.mul_(-3)
+    assert generate_many(model, prompts, 6, config) == generate_many(reference, prompts, 6, config)
+
+
 def test_serve_compile_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
     import tinyserve.serving.server as server

@@ -21,7 +21,6 @@ import pwd
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from hub.teardown import account_processes, kill_leftovers, stop_hub
 
 from tinyserve.serving.local_servers import free_port
 
@@ -124,17 +125,7 @@ def as_user(user: str, hub_dir: Path, *cmd: str, check: bool = True, cwd: Path |
 
 def user_processes(users: list[str]) -> dict[int, str]:
     """The running processes of these accounts: pid -> command line."""
-    uids = {pwd.getpwnam(u).pw_uid for u in users}
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid in uids:
-                    found[int(entry.name)] = (entry / "cmdline").read_bytes() \
-                        .replace(b"\0", b" ").decode(errors="replace")[:200]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-    return found
+    return account_processes(pwd.getpwnam(u).pw_uid for u in users)
 
 
 def setup_class(hub_dir: Path, password: str) -> None:
@@ -193,19 +184,9 @@ def running_class_hub() -> Iterator[Hub]:
         yield h
     finally:
         stop_servers(h)
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)   # the hub stops its servers and proxy
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        left = user_processes(CLASS)
-        for pid in left:   # started by these tests (as the class's accounts): end them
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_hub(proc, timeout=60)
+        # started by these tests (as the class's accounts): end them, and fail below
+        left = kill_leftovers(pwd.getpwnam(u).pw_uid for u in CLASS)
         # The hub's log (its users' servers log there too) outlives the folder, for a failure.
         (ROOT / "artifacts").mkdir(exist_ok=True)
         shutil.copy(log, ROOT / "artifacts" / "hub-test.log")

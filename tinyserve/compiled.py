@@ -185,6 +185,10 @@ def compile_token_layers(model: TinyLlama, backend: str = "inductor") -> None:
     module in place, so state dicts and the Hugging Face export keep their names.
     """
     for layer in model.model.layers:
+        # Traced without the stacked gate/up copy (tinyserve.model.fused_linear): a compiled
+        # MLP never runs eagerly, so nothing would refresh that copy if a weight changed;
+        # the parameters themselves are read at every call.
+        layer.mlp.__dict__.pop("_fused_weight", None)
         layer.mlp.compile(backend=backend, dynamic=True, fullgraph=True)
 
 
