@@ -56,11 +56,16 @@ def test_a_traced_step_follows_weights_changed_after_it_was_traced() -> None:
     # in place after tracing (fine-tuning, loading a checkpoint) must reach the next request.
     model = sharp_model(SMALL, seed=4)
     prompts = [random_prompt(96, 6, seed=1)]
-    assert generate_compiled(model, prompts, 10, backend="eager") == generate_batch(model, prompts, 10)
+    before = generate_batch(model, prompts, 10)
+    assert generate_compiled(model, prompts, 10, backend="eager") == before
+    # The reference: a model that never ran, changed the same way (no copies to go stale).
+    fresh = sharp_model(SMALL, seed=4)
     with torch.no_grad():
-        model.model.layers[0].mlp.up_proj.weight.mul_(-3)
-        model.lm_head.weight.mul_(0.5)
-    changed = generate_batch(model, prompts, 10)
+        for m in (model, fresh):
+            m.model.layers[0].mlp.up_proj.weight.mul_(-3)
+            m.lm_head.weight.mul_(0.5)
+    changed = generate_batch(fresh, prompts, 10)
+    assert changed != before           # else stale weights would pass unseen
     assert generate_compiled(model, prompts, 10, backend="eager") == changed
 
 

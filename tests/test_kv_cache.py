@@ -173,7 +173,6 @@ def test_an_appending_decode_step_needs_no_mask_and_others_do(model: TinyLlama) 
     assert k_pos.tolist() == [[0, 1, 2], [0, 1, 2]]
 
 
-
 def test_a_maskless_batched_decode_step_equals_recompute(model: TinyLlama) -> None:
     """Two rows appending at one position take the no-mask path; their logits are those of
     re-running each whole sequence."""

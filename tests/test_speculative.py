@@ -13,8 +13,9 @@ from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 from tinyserve.sampling import SamplingParams
 from tinyserve.speculative import (ModelDrafter, NGramDrafter, SpeculativeDecoder,
-                                   accept_greedy, accept_sampled, expected_tokens_per_pass,
-                                   predicted_speedup, probs_for, speculative_generate)
+                                   accept_greedy, accept_greedy_logits, accept_sampled,
+                                   draft_greedy, expected_tokens_per_pass, predicted_speedup,
+                                   probs_for, speculative_generate)
 
 from conftest import random_prompt, sharp_model
 
@@ -261,6 +262,42 @@ def test_accept_greedy_keeps_the_agreeing_prefix_plus_one() -> None:
     assert accept_greedy([5, 6, 7], [5, 9, 7, 8]) == [5, 9]         # correction at 2nd
     assert accept_greedy([5, 6, 7], [1, 6, 7, 8]) == [1]            # first rejected
     assert accept_greedy([], [4]) == [4]                            # plain decode step
+
+
+class _CountingModel:
+    """A draft model with its own "cache" (the tokens fed so far) whose logits put the most
+    weight on (last token + 1) % 8: its greedy guesses are known."""
+    def __init__(self) -> None:
+        self.fed: list[int] = []
+
+    @property
+    def length(self) -> int:
+        return len(self.fed)
+
+    def feed(self, tokens: list[int]) -> torch.Tensor:
+        self.fed += tokens
+        return torch.nn.functional.one_hot(torch.tensor([(t + 1) % 8 for t in tokens]), 8).float()
+
+
+def test_the_greedy_references_build_speculative_grades_its_loop_on() -> None:
+    # build_speculative's loop is graded on these two, not on the learner's own parts 1 and 2.
+    model = _CountingModel()
+    model.fed = [3, 4]                                              # a cached prefix
+    assert draft_greedy(model, [3, 4, 5, 6], 3) == [7, 0, 1]
+    assert model.fed == [3, 4, 5, 6, 7, 0]                          # only what it lacked; k-1 guesses
+    logits = torch.nn.functional.one_hot(torch.tensor([7, 0, 2, 5]), 8).float()
+    assert accept_greedy_logits([7, 0, 1], logits) == [7, 0, 2]    # correction at the third
+
+
+def test_the_greedy_references_name_a_learners_mistake() -> None:
+    with pytest.raises(ValueError, match="1 or more; got 0"):
+        draft_greedy(_CountingModel(), [1, 2], 0)
+    stale = _CountingModel()
+    stale.fed = [1, 2, 3, 4]                                        # rejected guesses kept
+    with pytest.raises(ValueError, match=r"holds 4 positions .* roll it back to len\(context\) - 1"):
+        draft_greedy(stale, [1, 2, 3], 2)
+    with pytest.raises(ValueError, match="len\\(draft\\) \\+ 1 = 4 positions"):
+        accept_greedy_logits([7, 0, 1], torch.zeros(3, 8))          # the guesses' logits only
 
 
 def test_ngram_drafter_proposes_what_followed_the_latest_match() -> None:

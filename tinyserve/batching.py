@@ -8,6 +8,7 @@ own and not on the learner's earlier ones.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 
 import torch
@@ -45,6 +46,9 @@ def prefill_slot(prompt: Sequence[int], slot: int, weights: dict, cfg: dict, cac
     """A new request's prompt into ``slot`` at positions 0..T-1 in one ``forward`` call; the
     logits of its last token (vocab,). The slot may have held a longer request: its length
     starts again from 0 (``forward`` only raises lengths)."""
+    if not prompt:
+        raise ValueError("prefill_slot needs a prompt of one token or more")
+    _check_slots([slot], cache)
     device = weights["model.embed_tokens.weight"].device
     cache.lengths[slot] = 0
     ids = torch.tensor([list(prompt)], device=device)
@@ -55,7 +59,23 @@ def decode_slots(tokens: Sequence[int], slots: Sequence[int], weights: dict, cfg
                  forward: SlotForward) -> Tensor:
     """One decode step: tokens[b] at slot slots[b]'s own next position, cache.lengths[slot];
     logits (B, vocab)."""
+    if not tokens or len(tokens) != len(slots):
+        raise ValueError(f"decode_slots takes one token per slot, at least one: got "
+                         f"{len(tokens)} tokens for {len(slots)} slots")
+    _check_slots(slots, cache)
     device = weights["model.embed_tokens.weight"].device
     ids = torch.tensor(list(tokens), device=device)[:, None]
     positions = torch.tensor([[cache.lengths[s]] for s in slots], device=device)
     return forward(ids, positions, list(slots), weights, cfg, cache)[:, 0]
+
+
+def _check_slots(slots: Sequence[int], cache) -> None:
+    """Each slot an index into the cache's rows, each at most once (one write per row a step)."""
+    n = len(cache.lengths)
+    try:
+        rows = [operator.index(s) for s in slots]     # an int, or a 0-d integer tensor
+    except TypeError:
+        rows = [-1]
+    if not all(0 <= s < n for s in rows) or len(set(rows)) != len(rows):
+        raise ValueError(f"slots must be distinct row indices of the cache, 0 to {n - 1} "
+                         f"(it holds {n} slots); got {list(slots)}")

@@ -68,12 +68,24 @@ def accept_greedy(draft: list[int], target_argmax: list[int]) -> list[int]:
 
 def accept_greedy_logits(draft: list[int], target_logits: Tensor) -> list[int]:
     """``accept_greedy`` given the target's logits (len(draft) + 1, vocab) of the verifying pass."""
+    if target_logits.dim() != 2 or target_logits.shape[0] != len(draft) + 1:
+        raise ValueError(f"the verifying pass must score len(draft) + 1 = {len(draft) + 1} "
+                         f"positions (the last context token, then each guess), got logits of "
+                         f"shape {tuple(target_logits.shape)}: feed the target context[-1:] + draft")
     return accept_greedy(list(draft), target_logits.argmax(dim=-1).tolist())
 
 
 def draft_greedy(model, context: list[int], k: int) -> list[int]:
     """k greedy guesses after ``context`` of a model that keeps its own cache (``length``: the
     positions it holds; ``feed(tokens)``: their logits): it is fed only what it lacks."""
+    if k < 1:
+        raise ValueError(f"k is the number of guesses to draft, 1 or more; got {k}")
+    if model.length >= len(context):
+        # Its cache must hold a prefix of the context and lack at least its last token, whose
+        # logits give the first guess; more means rejected guesses were never rolled back.
+        raise ValueError(f"the draft model's cache holds {model.length} positions but the "
+                         f"context has {len(context)} tokens: roll it back to len(context) - 1 "
+                         f"(rollback) after each step, before drafting again")
     logits = model.feed(list(context[model.length:]))
     guesses = [int(logits[-1].argmax())]
     while len(guesses) < k:
