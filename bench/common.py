@@ -64,6 +64,35 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 5
     return statistics.median(times)
 
 
+def interleaved_seconds(fns: dict[str, Callable[[], Any]], device: torch.device,
+                        rounds: int = 5, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall times of several ``fns`` run in turns: each round times every one once, the
+    order rotating each round. Returns each name's times, one per round.
+
+    On a shared machine the speed drifts over seconds (other tenants, a core shared with
+    another VM); timing A's runs, then B's, folds that drift into A/B. Taken in turns, each
+    round's A/B compares runs a few seconds apart: :func:`median_ratio` of the rounds is
+    the figure to quote."""
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            sync(device)
+            start = time.perf_counter()
+            fns[name]()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ratio(numerator: list[float], denominator: list[float]) -> float:
+    """The median over rounds of numerator / denominator (same-round pairs)."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
 def report(suite: str, ratios: dict[str, float], measurements: dict[str, Any],
            conditions: dict[str, Any], quick: bool) -> dict[str, Any]:
     return {

@@ -3,7 +3,10 @@
 **vs generate()**: the same weights (exported with ``write_hf_checkpoint``), the same device,
 fp32, greedy, the same prompts and the same number of new tokens (no early stop). The run
 asserts both produce identical tokens, then reports ``vs_hf_generate_bN`` = HF time / our
-time (greater than 1: we are faster). Batch 8 uses eight prompts cut to one length, so
+time (greater than 1: we are faster). The three loops run in turns, round after round, and
+each ratio is the median of the rounds' ratios (see ``bench.common.interleaved_seconds``:
+on a shared machine, timing one loop's runs and then the other's folds the machine's
+drift into the ratio). Batch 8 uses eight prompts cut to one length, so
 neither side needs padding.
 
 **Roofline**: a decode step at batch 1 must read every weight and the cached keys and values
@@ -22,9 +25,9 @@ the engine's generality rather than arithmetic (1.0: none).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
+import statistics
 import tempfile
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,7 +43,8 @@ from tinyserve.model import TinyLlama
 from tinyserve.roofline import memory_bandwidth
 from tinyserve.tokenizer import load_tokenizer
 
-from .common import QUICK_CONFIG, load_bench_model, median_seconds, report, table, write_json
+from .common import (QUICK_CONFIG, interleaved_seconds, load_bench_model, median_ratio, report,
+                     table, write_json)
 from .plain_loop import plain_greedy
 
 
@@ -91,7 +95,7 @@ def run(json_path: str | None = None, quick: bool = False, compile: bool = False
     device = default_device()
     model, name = _model(quick)
     tok = load_tokenizer()
-    n_new, prompt_len, repeats = (8, 16, 2) if quick else (128, 64, 3)
+    n_new, prompt_len, repeats = (8, 16, 2) if quick else (128, 64, 7)
     prompts = [tok.encode(p)[:prompt_len] for p in example_prompts(8)]
     if min(map(len, prompts)) < prompt_len:
         raise RuntimeError(f"an example prompt is shorter than {prompt_len} tokens")
@@ -125,22 +129,26 @@ def run(json_path: str | None = None, quick: bool = False, compile: bool = False
         def plain() -> None:
             plain_out["tokens"] = plain_greedy(model, prompts[:batch], n_new)
 
-        t_ours = median_seconds(ours, device, repeats)
-        t_hf = median_seconds(theirs, device, repeats)
-        t_plain = median_seconds(plain, device, repeats)
+        runs = interleaved_seconds({"ours": ours, "generate": theirs, "plain": plain},
+                                   device, repeats)
+        t_ours, t_hf, t_plain = (statistics.median(runs[k]) for k in ("ours", "generate", "plain"))
         if not ours_out["tokens"] == theirs_out["tokens"] == plain_out["tokens"]:
             raise RuntimeError(f"batch {batch}: our greedy tokens, generate()'s and the plain "
                                f"loop's are not all equal")
-        ratios[f"vs_hf_generate_b{batch}"] = t_hf / t_ours
-        ratios[f"plain_loop_vs_ours_b{batch}"] = t_ours / t_plain
+        vs_hf, vs_plain = (median_ratio(runs["generate"], runs["ours"]),
+                           median_ratio(runs["ours"], runs["plain"]))
+        ratios[f"vs_hf_generate_b{batch}"] = vs_hf
+        ratios[f"plain_loop_vs_ours_b{batch}"] = vs_plain
         measured[f"b{batch}"] = {"ours_s": t_ours, "hf_generate_s": t_hf, "plain_loop_s": t_plain,
+                                 "rounds_s": runs,
                                  "new_tokens": n_new, "prompt_tokens": prompt_len,
                                  "ours_tokens_per_s": batch * n_new / t_ours,
                                  "hf_tokens_per_s": batch * n_new / t_hf}
         rows.append([batch, t_ours, t_hf, t_plain, batch * n_new / t_ours,
-                     batch * n_new / t_hf, t_hf / t_ours, t_ours / t_plain])
+                     batch * n_new / t_hf, vs_hf, vs_plain])
     print(f"greedy, {prompt_len}-token prompts, {n_new} new tokens ({name}, {device}, fp32, "
-          f"median of {repeats}, transformers {transformers.__version__}, "
+          f"{repeats} rounds taken in turns: median times, ratios the median of the rounds' "
+          f"ratios; transformers {transformers.__version__}, "
           f"{torch.get_num_threads()} torch thread(s))")
     print(table(["batch", "ours s", "generate() s", "plain loop s", "ours tok/s",
                  "generate() tok/s", "generate()/ours", "ours/plain loop"], rows), flush=True)

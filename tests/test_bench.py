@@ -82,6 +82,9 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         roof = data["measurements"]["roofline"]
         assert roof["floor_ms_per_token"] > 0 and roof["bandwidth_gb_per_s"] > 0
         assert all(data["measurements"][b]["plain_loop_s"] > 0 for b in ("b1", "b8"))
+        rounds = data["measurements"]["b8"]["rounds_s"]     # the runs the ratios came from
+        assert set(rounds) == {"ours", "generate", "plain"}
+        assert all(len(times) == data["conditions"]["repeats"] for times in rounds.values())
     elif suite == "parallel":  # two ranks ran: 2 all-reduces per block, a share of the time
         assert data["measurements"]["tp"]["all_reduces_per_forward"] == 4
         assert 0 < data["ratios"]["tp2_allreduce_share"] < 1
@@ -98,6 +101,26 @@ def test_suite_writes_its_report(suite: str, tmp_path: Path,
         assert {"p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_itl_ms", "p99_e2el_ms",
                 "request_throughput", "output_throughput", "goodput"} <= set(data["metrics"])
         assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_interleaved_timer_takes_turns_and_pairs_rounds() -> None:
+    """Each round runs every function once, the first to run rotating, and a ratio pairs
+    the times of one round (a drift between rounds cancels)."""
+    import torch
+
+    from bench.common import interleaved_seconds, median_ratio
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    times = interleaved_seconds(fns, torch.device("cpu"), rounds=4, warmup=1)
+    assert calls == ["a", "b", "c",                       # warm-up, untimed
+                     "a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
+    # The machine twice as slow in later rounds, one function 2x the other in each round.
+    slow = [1.0, 1.0, 2.0, 2.0]
+    assert median_ratio([2 * s for s in slow], slow) == 2.0
+    assert median_ratio([3.0, 1.0, 10.0], [1.0, 1.0, 1.0]) == 3.0   # the middle round's
+    with pytest.raises(ValueError):
+        median_ratio([1.0, 2.0], [1.0])
 
 
 def test_unknown_suite_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
