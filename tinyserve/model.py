@@ -55,9 +55,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalise in fp32 whatever the model dtype: the mean of squares underflows in bf16.
-        # F.rms_norm is x * rsqrt(mean(x^2) + eps): one fused kernel on CUDA; on a CPU
-        # torch 2.13 runs it as its parts (pow, mean, add, rsqrt, mul: about twenty
-        # dispatcher calls by the profiler's count, as costly as writing them out).
+        # F.rms_norm is x * rsqrt(mean(x^2) + eps): one fused kernel on CUDA, MPS and XPU;
+        # a CPU has none in torch 2.13 (native_functions.yaml: CompositeImplicitAutograd
+        # there), so it runs as its parts (pow, mean, add, rsqrt, mul: some twenty
+        # dispatcher calls by the profiler's count), no cheaper than writing them out.
         if x.dtype == torch.float32:   # already fp32: no casts, and the gain applied inside
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
