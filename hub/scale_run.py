@@ -159,7 +159,7 @@ def start_hub(students: list[str], report: dict) -> tuple[Path, str, str, subpro
     hub_dir = Path(tempfile.mkdtemp(prefix="tsh-class-"))
     subprocess.run([sys.executable, str(REPO / "hub" / "setup_class.py"), "--hub-dir",
                     str(hub_dir), "--instructor", INSTRUCTOR, "--students", ",".join(students),
-                    "--password", secrets.token_urlsafe(12), "--empty-homes"],
+                    f"--password={secrets.token_urlsafe(12)}", "--empty-homes"],
                    check=True, capture_output=True)
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, TINYSERVE_HUB_DIR=str(hub_dir), TINYSERVE_INSTRUCTOR=INSTRUCTOR,
