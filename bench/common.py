@@ -1,5 +1,6 @@
-"""What every suite shares: a median timer that is honest on CUDA, the machine and commit
-stamp, the JSON report (the plain-text table is ``tinyserve.tables.table``)."""
+"""What every suite shares: timers that are honest on CUDA (one function's median, several
+functions taken in turns), the machine and commit stamp, the JSON report (the plain-text
+table is ``tinyserve.tables.table``)."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -64,28 +65,41 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 5
     return statistics.median(times)
 
 
-def interleaved_seconds(fns: dict[str, Callable[[], Any]], device: torch.device,
-                        rounds: int = 5, warmup: int = 1) -> dict[str, list[float]]:
-    """Wall times of several ``fns`` run in turns: each round times every one once, the
-    order rotating each round. Returns each name's times, one per round.
+def in_turns(fns: dict[str, Callable[[], Any]], rounds: int,
+             warmup: int = 1) -> dict[str, list[Any]]:
+    """Call several ``fns`` in turns: each round calls every one once, the first to go
+    rotating each round, after ``warmup`` untimed rounds. Returns what each call returned,
+    one per round, by name.
 
     On a shared machine the speed drifts over seconds (other tenants, a core shared with
-    another VM); timing A's runs, then B's, folds that drift into A/B. Taken in turns, each
-    round's A/B compares runs a few seconds apart: :func:`median_ratio` of the rounds is
-    the figure to quote."""
+    another VM); timing A's runs, then B's, folds that drift into A/B. Taken in turns, the
+    runs of one round are seconds apart, so a busy spell hits every function alike."""
+    if not fns:
+        raise ValueError("in_turns needs at least one function to call")
     names = list(fns)
     for _ in range(warmup):
         for name in names:
             fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
+    out: dict[str, list[Any]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name].append(fns[name]())
+    return out
+
+
+def interleaved_seconds(fns: dict[str, Callable[[], Any]], device: torch.device,
+                        rounds: int = 5, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall seconds of every call of :func:`in_turns`, by name (synchronized on a GPU).
+    :func:`median_ratio` of two names' rounds is the ratio to quote."""
+    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
             sync(device)
             start = time.perf_counter()
-            fns[name]()
+            fn()
             sync(device)
-            times[name].append(time.perf_counter() - start)
-    return times
+            return time.perf_counter() - start
+        return run
+    return in_turns({name: timed(fn) for name, fn in fns.items()}, rounds, warmup)
 
 
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:

@@ -21,6 +21,7 @@ validation loss. ``--quick`` runs a tiny random model on random tokens: shape on
 from __future__ import annotations
 
 import copy
+import functools
 import statistics
 import time
 from typing import Any
@@ -33,7 +34,7 @@ from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 from tinyserve.quant import Int8KVCache, quality, quantize_model, validation_windows, weight_bytes
 
-from .common import QUICK_CONFIG, load_bench_model, report, sync, table, write_json
+from .common import QUICK_CONFIG, in_turns, load_bench_model, report, sync, table, write_json
 
 def _base(quick: bool, device: torch.device) -> tuple[TinyLlama, str]:
     return load_bench_model(quick, device)
@@ -60,12 +61,9 @@ def decode_ms(variants: dict[str, tuple[TinyLlama, type[KVCache]]], prompt_len: 
               new_tokens: int, repeats: int) -> dict[str, float]:
     """Median ms per decode step of every variant. Variants take turns within each round, so
     a burst of load from another process slows them all alike instead of one of them."""
-    runs: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(repeats + 1):  # round 0 warms up and is dropped
-        for label, (model, cache_cls) in variants.items():
-            seconds = decode_step_seconds(model, cache_cls, prompt_len, new_tokens)
-            if r:
-                runs[label].append(seconds)
+    runs = in_turns({label: functools.partial(decode_step_seconds, model, cache_cls, prompt_len,
+                                             new_tokens)
+                     for label, (model, cache_cls) in variants.items()}, repeats)
     return {k: 1e3 * statistics.median(v) for k, v in runs.items()}
 
 

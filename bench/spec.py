@@ -22,6 +22,7 @@ on tiny random models, to check the report's shape in seconds; its figures mean 
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ from tinyserve.model import TinyLlama
 from tinyserve.speculative import (Drafter, ModelDrafter, NGramDrafter, expected_tokens_per_pass,
                                    predicted_speedup, speculative_generate)
 
-from .common import median_seconds, report, table, write_json
+from .common import in_turns, interleaved_seconds, median_seconds, report, table, write_json
 
 KS = (2, 4, 6)
 QUICK_TARGET = ModelConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
@@ -118,21 +119,17 @@ def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
         cache.rewind([context] * batch)  # forget the pass, so each run measures the same one
         return seconds
 
-    for w in widths:
-        once(w)  # warm-up
-    # Widths alternate, and each keeps its fastest run: a pass lasts milliseconds, so on a
+    # Widths take turns, and each keeps its fastest run: a pass lasts milliseconds, so on a
     # shared machine a run is either clean or pre-empted, and the minimum is the clean cost.
-    runs: dict[int, list[float]] = {w: [] for w in widths}
-    for _ in range(repeats):
-        for w in widths:
-            runs[w].append(once(w))
-    return {w: 1e3 * min(times) for w, times in runs.items()}
+    runs = in_turns({str(w): functools.partial(once, w) for w in widths}, repeats)
+    return {w: 1e3 * min(runs[str(w)]) for w in widths}
 
 
 def paired_seconds(env: dict[str, Any], spec_one: Callable[[list[int]], None], repeats: int,
                    device: torch.device) -> tuple[float, float]:
-    """Speculative and plain seconds for all prompts: per prompt, the two are timed back to
-    back ``repeats`` times and each keeps its fastest run; the sums are returned.
+    """Speculative and plain seconds for all prompts: per prompt, the two take turns for
+    ``repeats`` rounds (:func:`~bench.common.interleaved_seconds`) and each keeps its fastest
+    run; the sums are returned.
 
     Why the fastest: a generation is a fixed amount of work, and on a shared machine every
     slower run is another process holding the core. Timing the pair back to back, prompt by
@@ -141,11 +138,10 @@ def paired_seconds(env: dict[str, Any], spec_one: Callable[[list[int]], None], r
         generate(env["target"], p, env["max_tokens"], stop_ids=env["stop_ids"])
     spec_s = plain_s = 0.0
     for p in env["prompts"]:
-        spec, plain = [], []
-        for _ in range(repeats):  # alternate: spec, plain, spec, plain ...
-            spec.append(median_seconds(lambda: spec_one(p), device, 1, warmup=0))
-            plain.append(median_seconds(lambda: plain_one(p), device, 1, warmup=0))
-        spec_s, plain_s = spec_s + min(spec), plain_s + min(plain)
+        runs = interleaved_seconds({"spec": functools.partial(spec_one, p),
+                                    "plain": functools.partial(plain_one, p)},
+                                   device, repeats, warmup=0)
+        spec_s, plain_s = spec_s + min(runs["spec"]), plain_s + min(runs["plain"])
     return spec_s, plain_s
 
 

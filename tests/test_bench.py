@@ -108,13 +108,20 @@ def test_interleaved_timer_takes_turns_and_pairs_rounds() -> None:
     the times of one round (a drift between rounds cancels)."""
     import torch
 
-    from bench.common import interleaved_seconds, median_ratio
+    from bench.common import in_turns, interleaved_seconds, median_ratio
     calls: list[str] = []
     fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
     times = interleaved_seconds(fns, torch.device("cpu"), rounds=4, warmup=1)
     assert calls == ["a", "b", "c",                       # warm-up, untimed
                      "a", "b", "c", "b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert {k: len(v) for k, v in times.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(t >= 0 for v in times.values() for t in v)
+    # in_turns keeps what each call returned (quant and spec time inside their functions).
+    counter = iter(range(100))
+    got = in_turns({"x": lambda: next(counter), "y": lambda: next(counter)}, rounds=3, warmup=0)
+    assert got == {"x": [0, 3, 4], "y": [1, 2, 5]}
+    with pytest.raises(ValueError, match="at least one"):
+        in_turns({}, rounds=3)
     # The machine twice as slow in later rounds, one function 2x the other in each round.
     slow = [1.0, 1.0, 2.0, 2.0]
     assert median_ratio([2 * s for s in slow], slow) == 2.0

@@ -55,10 +55,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalise in fp32 whatever the model dtype: the mean of squares underflows in bf16.
-        # F.rms_norm is x * rsqrt(mean(x^2) + eps): one fused kernel on CUDA, MPS and XPU;
-        # a CPU has none in torch 2.13 (native_functions.yaml: CompositeImplicitAutograd
-        # there), so it runs as its parts (pow, mean, add, rsqrt, mul: some twenty
-        # dispatcher calls by the profiler's count), no cheaper than writing them out.
+        # F.rms_norm is x * rsqrt(mean(x^2) + eps). torch 2.13 sends it to _fused_rms_norm,
+        # which has kernels for CUDA, MPS and XPU (native_functions.yaml; not run on a GPU
+        # here); a CPU gets the composite, its parts one by one (pow, mean, add, rsqrt, mul:
+        # about twenty dispatcher calls in the profiler), no cheaper than writing them out.
         if x.dtype == torch.float32:   # already fp32: no casts, and the gain applied inside
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
