@@ -67,8 +67,15 @@ hidden = make_workload(600, 13.0, Uniform(16, 48), Uniform(16, 64), seed=3, burs
                        prefix_len=384, prefix_groups=14)
 few = EngineConfig(**FLEET, max_num_seqs=6)
 base, part = (_drill_report(r, c, hidden) for r, c in ((least_loaded, PRODUCTION), (route, few)))
+# The scene's claim that the second replica neither caused nor cured the thrash: today's
+# traffic on one replica alone.
+alone = _drill_report(one_replica, PRODUCTION, TRAFFIC, replicas=1)
 print("PROBE " + json.dumps({"before": {k: before[k] for k in keys},
                              "after": {k: after[k] for k in keys}, "queue_share": q,
+                             "earlier": {n: {k: r[k] for k in keys} for n, r in earlier.items()},
+                             "alone": {k: alone[k] for k in keys},
+                             "rates": [len(s) / (max(x.arrival for x in s) - min(x.arrival for x in s))
+                                       for s in (LAST_QUARTER, LOAD_TEST, TRAFFIC)],
                              "hidden_base": {k: base[k] for k in keys},
                              "hidden_partial": {k: part[k] for k in keys}}))
 """
@@ -83,6 +90,19 @@ def test_solution_passes_every_visible_and_hidden_test(source):
     assert before["prefix_hit_rate"] < 0.6 and got["queue_share"] > 0.9
     assert after["p99_ttft_ms"] < 700 and after["prefix_hit_rate"] > 0.8
     assert after["slo_attainment"] == 1.0 and after["goodput"] > 5 * before["goodput"]
+    # The scene's story, held by the simulator (issue 27: an earlier scene blamed the second
+    # replica, which the simulator contradicts). Last quarter one replica kept p99 TTFT under a
+    # second; the one-assistant load test met the SLO at 6 req/s; today's traffic is about six
+    # times last quarter's and its p99 is many seconds. The thrash was there on one replica
+    # (hit rate as low as today's), the load test saw a warm cache, and one replica alone
+    # would do worse today: the second replica neither caused the thrash nor cured it.
+    quarter, load_test, alone = got["earlier"]["last quarter"], got["earlier"]["load test"], got["alone"]
+    assert quarter["p99_ttft_ms"] < 1000 and quarter["slo_attainment"] >= 0.95
+    assert load_test["p99_ttft_ms"] < 1000 and load_test["slo_attainment"] >= 0.95
+    assert load_test["prefix_hit_rate"] > 0.9
+    assert 5 < got["rates"][2] / got["rates"][0] < 7 and 0.8 < got["rates"][1] / (got["rates"][2] / 2) < 1.2
+    assert quarter["prefix_hit_rate"] < 0.6 and abs(quarter["prefix_hit_rate"] - before["prefix_hit_rate"]) < 0.1
+    assert alone["p99_ttft_ms"] > before["p99_ttft_ms"] and alone["prefix_hit_rate"] < 0.6
     # Partial credit is reachable: the right routing with 6 running sequences a replica (less
     # batching) improves on production by more than half on the hidden workload (2 of 6
     # points) and misses the 1,000 ms target.
