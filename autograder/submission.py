@@ -71,11 +71,13 @@ def load(path: Path) -> tuple[NotebookNode, list[str]]:
     except (RecursionError, ValueError, MemoryError):
         raise Unreadable(f"{path.name} is not a notebook JSON file (nested too deeply or "
                          "malformed); resubmit it from JupyterLab") from None
+    # Format 3 keeps its cells under "worksheets", not "cells": ask about it first, or a
+    # notebook an older Jupyter saved would read as "not a notebook".
+    if isinstance(data, dict) and (data.get("nbformat") == 3 or "worksheets" in data):
+        raise Unreadable(f"{path.name} uses notebook format 3; open and save it in JupyterLab")
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise Unreadable(f"{path.name} is JSON but not a notebook (no list of cells)")
     version = (data.get("nbformat"), data.get("nbformat_minor"))
-    if data.get("nbformat") == 3 or "worksheets" in data:
-        raise Unreadable(f"{path.name} uses notebook format 3; open and save it in JupyterLab")
     if version[0] != 4 or not isinstance(version[1], int) or not 0 <= version[1] <= 5:
         notes.append(f"notebook schema version {version[0]}.{version[1]} is not 4.x; "
                      "read as 4.5")
