@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .course import Course, CourseError
+from .course import Course, CourseError, shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def summary_line(res: dict) -> str:
+    """One student's line of autograde's summary; the why (flags and reasons, which hold
+    file names, grade ids and messages the student chose) printed escaped."""
+    why = "; ".join(res["flags"] + res["reasons"]) if res["status"] != "graded" else ""
+    return (f"{res['student']:<20} {res['status']:<8} {res['score']:g}/{res['max_score']:g}"
+            + (f"  {shown(why)[:200]}" if why else ""))
+
+
 def _run(args) -> int:
     if args.cmd == "check":
         from .check import self_check
@@ -114,7 +122,7 @@ def _run(args) -> int:
         from .collect import collect
         students, warnings = collect(course, args.assignment, args.source)
         for w in warnings:
-            print(f"warning: {w}", file=sys.stderr)
+            print(f"warning: {shown(w)}", file=sys.stderr)
         print(f"collected {len(students)} submission(s) of {args.assignment}: "
               + ", ".join(students))
         return 0
@@ -130,9 +138,7 @@ def _run(args) -> int:
                             cell_timeout=args.cell_timeout, total_timeout=args.timeout,
                             limits=limits, progress=not args.no_progress)
         for res in results:
-            print(f"{res['student']:<20} {res['status']:<8} {res['score']:g}/{res['max_score']:g}"
-                  + (f"  {'; '.join(res['flags'] + res['reasons'])[:200]}"
-                     if res["status"] != "graded" else ""))
+            print(summary_line(res))
         return 0
     if args.cmd == "feedback":
         from .report import feedback

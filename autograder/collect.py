@@ -13,7 +13,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from .course import Course, CourseError, safe_name
+from .course import Course, CourseError, safe_name, shown
 
 MAX_FILE_MB = 50
 MAX_STUDENT_MB = 200
@@ -62,22 +62,22 @@ def _group(entries, assignment: str) -> tuple[dict[str, list], list[str]]:
             continue
         student, prefix, rel = parts[i - 1], tuple(parts[:i]), PurePosixPath(*parts[i + 1:])
         if not safe_name(student):
-            warnings.append(f"skipped folder {student[:80]!r}: not a valid student id")
+            warnings.append(f"skipped folder '{shown(student[:80])}': not a valid student id")
             continue
         if any(p in ("..", "") or p.startswith("/") for p in rel.parts):
             continue
         if student in where and where[student] != prefix:
             keep = min(where[student], prefix, key=lambda p: (len(p), p))
             drop = prefix if keep == where[student] else where[student]
-            warnings.append(f"{student}: also found under {'/'.join(drop)[:200]}; "
-                            f"collected from {'/'.join(keep)[:200]} only")
+            warnings.append(f"{student}: also found under {shown('/'.join(drop))[:200]}; "
+                            f"collected from {shown('/'.join(keep))[:200]} only")
             if keep != where[student]:
                 by_student[student], where[student] = [], keep
             if prefix != keep:
                 continue
         where[student] = prefix
         if size > MAX_FILE_MB * 2**20:
-            warnings.append(f"{student}: skipped {str(rel)[:200]} "
+            warnings.append(f"{student}: skipped {shown(rel)[:200]} "
                             f"({size / 2**20:.0f} MB > {MAX_FILE_MB} MB)")
             continue
         by_student.setdefault(student, []).append((rel, opener, size))

@@ -30,7 +30,7 @@ from pathlib import Path
 import nbformat
 
 from .collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped
-from .course import Course, CourseError, ensure_in_gradebook, release, safe_name
+from .course import Course, CourseError, ensure_in_gradebook, release, safe_name, shown
 
 DEFAULT_ROOT = "/usr/local/share/nbgrader/exchange"   # nbgrader's own default
 DEFAULT_COURSE_ID = "tinyserve"
@@ -384,7 +384,7 @@ def report_collected(course: Course, args) -> int:
         course, args.assignment, root=args.exchange, students=args.student,
         check_owner=not args.no_check_owner)
     for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {shown(w)}", file=sys.stderr)
     for c in collected:
         late = f"  LATE by {_duration(c.late_by)}" if c.late_by else ""
         print(f"{c.student:<20} submitted {c.timestamp}{late}")
@@ -395,7 +395,7 @@ def report_collected(course: Course, args) -> int:
 def report_returned(course: Course, args) -> int:
     returned, warnings = return_feedback(course, args.assignment, root=args.exchange)
     for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {shown(w)}", file=sys.stderr)
     print(f"returned feedback to {len(returned)} student(s) through the exchange: "
           + ", ".join(returned))
     return 0

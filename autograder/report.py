@@ -14,10 +14,9 @@ import html
 import re
 from pathlib import Path
 
-from .course import Course
+from .course import Course, shown
 from .grade import load_results
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _MARK_SCHEME = re.compile(r"### BEGIN MARK SCHEME[ \t]*\n?(.*?)### END MARK SCHEME", re.S)
 MARK_SCHEME_CAP = 4000   # characters: a rubric is a few hundred; the cap only bounds the page
 EXPORT_COLUMNS = ["student", "assignment", "score", "max_score", "status", "reason"]
@@ -75,19 +74,15 @@ def export(course: Course, assignments: list[str], out: Path) -> int:
                 reason = "; ".join(x for x in (f"{s['pending']} answer(s) await manual "
                                                "grading", reason) if x)
             rows.append([student, assignment, _num(score), _num(max_score), r["status"],
-                         clean(reason)])
+                         reason])
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(EXPORT_COLUMNS)
-        w.writerows([[clean(x) if isinstance(x, str) else x for x in row] for row in rows])
+        # Reasons hold grade ids, file names and messages the student chose: no control
+        # character (an ANSI escape, a bidi override) reaches a terminal or spreadsheet.
+        w.writerows([[shown(x) if isinstance(x, str) else x for x in row] for row in rows])
     return len(rows)
-
-
-def clean(text: object) -> str:
-    """Text that can be written as UTF-8: a lone surrogate (a student-controlled grade id or
-    message can hold one) becomes U+FFFD instead of failing the whole export or page."""
-    return _SURROGATE.sub("\ufffd", str(text))
 
 
 def _num(x) -> float | str:
@@ -135,7 +130,7 @@ def feedback(course: Course, assignment: str, students: list[str] | None = None)
             page = render(student, assignment, nb_name, r, nb, scores.get(student, {}),
                           schemes[nb_name])
             path = folder / f"{nb_name}.html"
-            path.write_text(clean(page), encoding="utf-8")
+            path.write_text(shown(page, lines=True), encoding="utf-8")
             written.append(path)
     return written
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from .course import shown
+
 MAX_NOTEBOOK_MB = 20
 CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -231,11 +233,13 @@ def _notes(restored: list[str], edited: list[str], found: _Matches) -> list[str]
         notes.append("restored deleted cells: " + ", ".join(restored))
     if edited:
         notes.append("edited read-only cells replaced by the originals: " + ", ".join(edited))
+    # Duplicate and unknown ids are the student's text: escaped (see course.shown).
     if found.duplicates:
         notes.append("duplicate cell ids (later copies graded as plain code): "
-                     + ", ".join(sorted(set(found.duplicates))))
+                     + ", ".join(shown(g) for g in sorted(set(found.duplicates))))
     if found.unknown:
-        notes.append("unknown nbgrader cell ids ignored: " + ", ".join(sorted(set(found.unknown))))
+        notes.append("unknown nbgrader cell ids ignored: "
+                     + ", ".join(shown(g) for g in sorted(set(found.unknown))))
     if found.rewired:
         notes.append("restored wiped grading metadata of: " + ", ".join(found.rewired))
     return notes

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import nbformat
 
-from .course import Course, grader_template, write_json
+from .course import Course, grader_template, shown, write_json
 from .execute import Plan, RunReport, run_notebook
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     sandbox_processes, write_kernelspec
@@ -87,13 +87,15 @@ def locate_notebooks(sub_dir: Path, expected: list[str], support: list[Path]
               and p.stem not in expected]
     if len(missing) == 1 and len(others) == 1:
         found[missing[0]] = others[0]
-        notes.append(f"notebook {others[0].name!r} graded as {missing[0]}.ipynb (renamed)")
+        notes.append(f"notebook '{shown(others[0].name)}' graded as {missing[0]}.ipynb "
+                     "(renamed)")
         others = []
     used = set(found.values()) | {sub_dir / s for s in support} | {sub_dir / "timestamp.txt"}
-    extra = [str(p.relative_to(sub_dir)) for p in files if p not in used]
+    # Names the student chose: no escape of theirs reaches a summary, a CSV or a page.
+    extra = [shown(p.relative_to(sub_dir)) for p in files if p not in used]
     if extra:
-        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
-        notes.append(f"extra files ignored (graded notebooks must be self-contained): {shown}")
+        listed = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        notes.append(f"extra files ignored (graded notebooks must be self-contained): {listed}")
     return found, notes
 
 
@@ -218,6 +220,7 @@ def runtime_flags(report: RunReport, tests: list[dict]) -> list[str]:
                      "(test cells were altered or output was faked)")
     for event in getattr(report, "audit", []):
         flags.append(f"sandbox audit: {event}")
+    flags.extend(f"runtime check: {flag}" for flag in report.flags)
     return flags
 
 

@@ -24,3 +24,87 @@ def test_an_nbformat_3_notebook_gets_the_format_message_not_not_a_notebook(tmp_p
     path.write_text(json.dumps(old))
     with pytest.raises(Unreadable, match="notebook format 3; open and save it in JupyterLab"):
         load(path)
+
+
+# ------------------------------------------------------------------ (e) control characters
+
+ESCAPES = "\x1b]8;;http://evil\x07x\x1b]8;;\x07\x1b[2J\x9b31m\u202e\x00"
+
+
+def _has_control(text: str) -> bool:
+    return any(ord(c) < 0x20 and c not in "\n\t" or 0x7f <= ord(c) <= 0x9f
+               or 0x202a <= ord(c) <= 0x202e for c in text)
+
+
+def _course(tmp_path: Path):
+    import nbformat
+
+    from autograder.course import Course
+    root = tmp_path / "course"
+    (root / "solutions" / "mini").mkdir(parents=True)
+    nbformat.write(nbformat.v4.new_notebook(), root / "solutions" / "mini" / "mini.ipynb")
+    return Course(root)
+
+
+def _result(student: str = "ann", **extra) -> dict:
+    return {"student": student, "assignment": "mini", "status": "flagged", "score": 1.0,
+            "max_score": 2.0, "flags": [f"static scan: {ESCAPES}"],
+            "reasons": [f"unknown nbgrader cell ids ignored: {ESCAPES}"],
+            "notebooks": {"mini": {"tests": [
+                {"grade_id": f"t{ESCAPES}", "kind": "test", "max_points": 1, "points": 0,
+                 "passed": False, "needs_manual_grade": False,
+                 "message": f"your code raised ValueError: {ESCAPES}"}]}}, **extra}
+
+
+def test_shown_escapes_controls_visibly_and_keeps_lines_only_when_asked():
+    from autograder.course import shown
+    assert shown("a\x1b[31mb\u202ec") == "a\\x1b[31mb\\u202ec"
+    assert shown("x\ny\tz") == "x y z" and shown("x\ny\tz", lines=True) == "x\ny\tz"
+    assert shown("lone \udc80") == "lone \ufffd" and shown(shown(ESCAPES)) == shown(ESCAPES)
+    assert not _has_control(shown(ESCAPES))
+
+
+def test_the_autograde_summary_prints_no_escape_of_the_students(capsys):
+    from autograder.cli import summary_line
+    line = summary_line(_result())
+    assert "static scan" in line and not _has_control(line)
+
+
+def test_the_grades_csv_and_the_feedback_page_carry_no_raw_escapes(tmp_path):
+    from autograder.report import export, feedback
+    course = _course(tmp_path)
+    (course.results / "mini").mkdir(parents=True)
+    (course.results / "mini" / "ann.json").write_text(json.dumps(_result()))
+    out = course.work / "grades.csv"
+    assert export(course, ["mini"], out) == 1
+    text = out.read_text(encoding="utf-8")
+    assert "unknown nbgrader cell ids" in text and not _has_control(text.replace("\r\n", ""))
+    [page] = feedback(course, "mini")
+    html = page.read_text(encoding="utf-8")
+    assert "your code raised ValueError" in html and not _has_control(html)
+
+
+def test_extra_file_names_and_unknown_grade_ids_are_noted_escaped(tmp_path):
+    import nbformat
+
+    from autograder.submission import merge
+    from autograder.worker import locate_notebooks
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "mini.ipynb").write_text("{}")
+    (sub / f"notes{ESCAPES.replace(chr(0), '').replace('/', '')}.txt").write_text("x")
+    _, notes = locate_notebooks(sub, ["mini"], [])
+    assert any("extra files" in n for n in notes) and not any(map(_has_control, notes))
+    template = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
+    student = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("y = 2")])
+    student.cells[0].metadata["nbgrader"] = {"grade_id": f"g{ESCAPES}", "grade": True}
+    notes = merge(template, template, student).notes
+    assert any("unknown nbgrader cell ids" in n for n in notes)
+    assert not any(map(_has_control, notes))
+
+
+def test_collect_warnings_name_files_escaped(tmp_path):
+    from autograder.collect import MAX_FILE_MB, _group
+    rel = ("ann", "mini", f"big{ESCAPES}.bin")
+    _, warnings = _group([(rel, None, (MAX_FILE_MB + 1) * 2**20)], "mini")
+    assert warnings and not any(map(_has_control, warnings))
