@@ -398,18 +398,33 @@ def _rebuild_answer(path: str, fields, _tag):
     return rebuild(allowed_class(path), fields)
 
 
+class TemplateNameUnbound(NameError):
+    """A test used a name the assignment's own cells bind, and the cell that binds it did not
+    get that far: the name is not looked up in the student's kernel (there it would be the
+    student's to choose), so the test fails."""
+
+    def __init__(self, name: str):
+        super().__init__(f"`{_cap(name, 80)}` belongs to the assignment's own cells, which did "
+                         "not define it (a read-only cell above failed; see the notes)", name=name)
+
+
 class TestNamespace(dict):
     """The test cells' globals: trusted names first, then the student's, fetched as needed."""
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, channel: Channel):
+    def __init__(self, channel: Channel, template_names: frozenset[str] = frozenset()):
         super().__init__(__builtins__=builtins, __name__="__autograder_tests__")
         self._channel = channel
         self._fetched: set[str] = set()
         self._missing: set[str] = set()
+        # What the assignment's own cells (read-only and test cells) bind: the tests' names,
+        # never the student's, even when the cell that binds one failed before binding it.
+        self.template_names = frozenset(template_names)
 
     def __missing__(self, name: str):
+        if name in self.template_names:
+            raise TemplateNameUnbound(name)
         if hasattr(builtins, name) or name in self._missing:
             raise KeyError(name)
         try:

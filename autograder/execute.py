@@ -47,6 +47,7 @@ class RunReport:
     kernel_died: bool = False
     seconds: float = 0.0
     channel_calls: int = 0
+    flags: list[str] = field(default_factory=list)   # for review: the worker reports them
 
 
 class _Client(NotebookClient):
@@ -161,8 +162,13 @@ class _Run:
         self.stopped = False   # stop_at_failure fired: later cells are skipped, the kernel lives
         self.tests = None
         if plan.trusted_tests:
+            from .scan import names_a_cell_binds
             from .trusted import TrustedRunner
-            self.tests = TrustedRunner(self._exchange, cwd=plan.trusted_cwd or cwd)
+            template = set()
+            for i in plan.tests | plan.both:
+                template |= names_a_cell_binds(nb.cells[i].source)
+            self.tests = TrustedRunner(self._exchange, cwd=plan.trusted_cwd or cwd,
+                                       template_names=frozenset(template))
         self._serving: str | None = None   # msg_id of the kernel's serving loop, if running
 
     def _on_executed(self, cell, cell_index, execute_reply):  # nbclient hook
@@ -190,12 +196,23 @@ class _Run:
             self._stop_if_failed(index)
         if self.tests is None:
             return
-        if index in self.plan.both and result.status == "ok":
-            problem = self.tests.run_setup(cell, _label(cell, index))
-            if problem:
-                self.report.events.append(problem)
-        elif index not in self.plan.both:
+        if index in self.plan.both:
+            self._setup_here_too(index, cell, result)
+        else:
             self.tests.student_cell_ran()
+
+    def _setup_here_too(self, index: int, cell, result: CellResult) -> None:
+        """A read-only cell is trusted code: it runs here whatever it did in the kernel, so
+        what it binds is the tests' (never fetched from the kernel). If it failed only in the
+        kernel, something there kept the assignment's own code from running: flagged."""
+        label = _label(cell, index)
+        problem = self.tests.run_setup(cell, label)
+        if problem:
+            self.report.events.append(problem)
+        elif result.status in ("error", "timeout"):
+            self.report.flags.append(
+                f"{label} (read-only) failed in your kernel but not in the test runner: "
+                f"{result.ename}: {result.evalue[:300]}")
 
     def _trusted(self, index: int, cell, timeout: int) -> None:
         result = self.tests.run_test(cell, _label(cell, index), timeout)

@@ -262,3 +262,25 @@ def names_bound(source: str) -> dict[str, str]:
                     if isinstance(sub, ast.Name):
                         bound[sub.id] = "="
     return bound
+
+
+def names_a_cell_binds(source: str) -> set[str]:
+    """Every global name a (trusted) cell can bind, wherever the binding sits: at the top, in
+    an ``if``/``for``/``with``/``try`` block, a ``for`` target, a walrus, or a ``global``
+    statement in a function. The trusted runner never fetches these from the kernel: a name
+    the assignment's own cells bind is the tests', even when the cell that binds it failed."""
+    import symtable
+    try:
+        table = symtable.symtable(to_python(source), "<cell>", "exec")
+    except SyntaxError:
+        return set()
+    bound = {s.get_name() for s in table.get_symbols()
+             if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    todo = list(table.get_children())
+    while todo:
+        child = todo.pop()
+        todo.extend(child.get_children())
+        bound.update(s.get_name() for s in child.get_symbols()
+                     if s.is_declared_global() and s.is_assigned())
+    return bound
+

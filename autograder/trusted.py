@@ -14,7 +14,7 @@ import sys
 
 import nbformat
 
-from .channel import Channel, KernelLost, StudentTimeout, TestNamespace, _cap
+from .channel import Channel, KernelLost, StudentTimeout, TemplateNameUnbound, TestNamespace, _cap
 from .scan import to_python
 
 OUTPUT_CAP = 100_000
@@ -31,9 +31,9 @@ class _CappedText(io.StringIO):
 
 
 class TrustedRunner:
-    def __init__(self, kernel_request, *, cwd: str):
+    def __init__(self, kernel_request, *, cwd: str, template_names: frozenset[str] = frozenset()):
         self.channel = Channel(kernel_request)
-        self.ns = TestNamespace(self.channel)
+        self.ns = TestNamespace(self.channel, template_names)
         self.channel.namespace = self.ns
         self.cwd = cwd
 
@@ -106,6 +106,8 @@ class TrustedRunner:
 def _failure(e: BaseException):
     from .execute import CellResult
     student = getattr(e, "autograder_student", None)
+    if isinstance(e, TemplateNameUnbound):
+        return CellResult("error", "ReadOnlyCellFailed", str(e))
     if isinstance(e, NameError) and not student:
         name = getattr(e, "name", None) or str(e)
         return CellResult("error", "NotAnswered", f"`{_cap(name, 80)}` is not defined: "

@@ -1,0 +1,55 @@
+"""What the trusted runner takes from the kernel (issue 25): answers, as data, and nothing
+else. Fast checks with a faked kernel; the attacks themselves, graded end to end, are hostile
+fixtures (tests/fixtures/hostile/)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autograder.channel import Channel, TemplateNameUnbound, TestNamespace
+from autograder.scan import names_a_cell_binds
+
+
+class FakeKernel:
+    """Answers requests the way autograder.agent would, from canned replies."""
+
+    def __init__(self, names: dict, replies=None):
+        self.names, self.replies, self.sent = names, replies or {}, []
+
+    def __call__(self, request, timeout):
+        if request is None:
+            return None
+        req = json.loads(request)
+        self.sent.append(req)
+        if req["op"] == "name":
+            return self.names.get(req["name"], '{"missing":true}')
+        return self.replies[req["op"]]
+
+
+def _namespace(kernel, template_names=()) -> TestNamespace:
+    ch = Channel(kernel)
+    ns = TestNamespace(ch, frozenset(template_names))
+    ch.namespace = ns
+    return ns
+
+
+# ------------------------------------------------------------------ finding 1
+
+def test_every_binding_form_of_a_template_cell_is_found():
+    source = ("import json\nfrom x import y as z\nCONST = 1\nif __name__ == '__main__':\n"
+              "    _own, _dev = 1, 2\nfor i in []: pass\n(w := 3)\ndef f():\n    global g\n"
+              "    g = 1\nclass C: pass\n[v for v in range(3)]\nwith open('a') as fh: pass\n")
+    assert names_a_cell_binds(source) == {"json", "z", "CONST", "_own", "_dev", "i", "w", "f",
+                                          "g", "C", "fh"}
+
+
+def test_a_name_the_template_binds_is_never_fetched_from_the_kernel():
+    kernel = FakeKernel({"check_close": '{"ok":"forged"}', "answer": '{"ok":41}'})
+    ns = _namespace(kernel, {"check_close", "CONST"})
+    with pytest.raises(TemplateNameUnbound, match="read-only cell above failed"):
+        exec("check_close(answer, 42)", ns)
+    with pytest.raises(TemplateNameUnbound):
+        exec("def t():\n    return CONST\nt()", ns)  # through a function's globals too
+    assert [r["name"] for r in kernel.sent] == []      # nothing was asked of the kernel
+    assert ns["answer"] == 41                          # a student's name still resolves
