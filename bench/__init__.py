@@ -8,7 +8,10 @@ report's shape, never its timings.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
+
+from .machine_load import busy_warning, load_average, stamp
 
 SUITES = {
     "batching": "static vs continuous batching throughput on the real model; throughput/latency frontier",
@@ -29,6 +32,10 @@ SUITES = {
 #: Suites whose ``run`` takes ``compile`` (our side timed with the compiled decode step).
 COMPILABLE = ("hf",)
 
+#: Cores a suite keeps busy, where more than its one torch thread (parallel runs two ranks):
+#: the load average after a run counts them, so it is judged less these.
+OWN_THREADS = {"parallel": 2}
+
 
 def run_suite(name: str, json_path: str | None = None, quick: bool = False,
               compile: bool = False) -> dict[str, Any]:
@@ -44,9 +51,27 @@ def run_suite(name: str, json_path: str | None = None, quick: bool = False,
     module = importlib.import_module(f"bench.{name}")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    before = load_average()
     try:
         if compile:
-            return module.run(json_path=json_path, quick=quick, compile=True)
-        return module.run(json_path=json_path, quick=quick)
+            data = module.run(json_path=json_path, quick=quick, compile=True)
+        else:
+            data = module.run(json_path=json_path, quick=quick)
     finally:
         torch.set_num_threads(threads)   # a caller (a test session) keeps its own setting
+    return stamp_report(data, name, before, json_path)
+
+
+def stamp_report(data: dict[str, Any], name: str, load_before: float,
+                 json_path: str | None) -> dict[str, Any]:
+    """Add what the ledger needs to judge a run (the load around it, whether the tree was
+    clean) to a suite's report, warn if the machine was busy, and rewrite its JSON."""
+    from .common import write_json   # here: bench.common imports torch; `import bench` must not
+    data["load"] = stamp(load_before, load_average(), own_threads=OWN_THREADS.get(name, 1))
+    commit = data.get("git_commit") or ""
+    data["clean"] = bool(commit) and not commit.endswith("-dirty")
+    warning = busy_warning(data["load"], f"bench {name}")
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    write_json(data, json_path, announce=False)   # the suite announced the file already
+    return data

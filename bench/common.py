@@ -121,8 +121,9 @@ def report(suite: str, ratios: dict[str, float], measurements: dict[str, Any],
     }
 
 
-def write_json(data: dict[str, Any], path: str | None) -> None:
+def write_json(data: dict[str, Any], path: str | None, announce: bool = True) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
-        print(f"wrote {path}")
+        if announce:
+            print(f"wrote {path}")

@@ -50,7 +50,8 @@ Around it
     workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (the KV calculator
                     widget), ``predict`` (commit a guess, then measure), ``roofline_lab``
                     (predict where decode stops being memory-bound), ``plots``,
-                    ``model_card``, ``study_time`` (estimated working time per notebook)
+                    ``model_card``, ``markers`` (README sections a command writes),
+                    ``study_time`` (estimated working time per notebook)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints

@@ -90,9 +90,8 @@ def _fit_window(prompt_tokens: int, max_tokens: int, window: int, truncate: bool
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import bench  # the suites ship as their own package next to tinyserve
-    bench.run_suite(args.suite, json_path=args.json, quick=args.quick, compile=args.compile)
-    return 0
+    from bench.cli import run  # the suites ship as their own package next to tinyserve
+    return run(args)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -192,14 +191,21 @@ def add_generate_parser(sub: SubParsers) -> None:
 
 def add_bench_parser(sub: SubParsers) -> None:
     import bench  # the CLI's door to the suites; no library module imports bench
+    from bench.cli import VERBS
     b = sub.add_parser("bench", help="run a benchmark suite and report ratios",
                        description="suites:\n" + "\n".join(f"  {k:9s} {v}" for k, v in
-                                                            bench.SUITES.items()),
+                                                            bench.SUITES.items())
+                       + "\nand:\n" + "\n".join(f"  {k:9s} {v}" for k, v in VERBS.items()),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("suite", help="one of: " + ", ".join(bench.SUITES))
+    b.add_argument("suite", help="one of: " + ", ".join([*bench.SUITES, *VERBS]))
+    b.add_argument("paths", nargs="*", help="compare: OLD.json NEW.json")
     b.add_argument("--json", help="also write the report as JSON to this path")
     b.add_argument("--quick", action="store_true",
                    help="tiny sizes, seconds: checks the suite runs, figures mean nothing")
+    b.add_argument("--suites", help="all: a comma-separated subset (default: every CPU suite)")
+    b.add_argument("--out", help="all: the results folder (default bench/results)")
+    b.add_argument("--write", action="store_true",
+                   help="ledger: write it into README.md and bench/results/README.md")
     b.add_argument("--compile", action="store_true",
                    help="time our side with the compiled decode step (suites: hf)")
     b.set_defaults(func=_cmd_bench)

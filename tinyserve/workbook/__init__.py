@@ -6,4 +6,6 @@
   decode step stops being memory-bound; ``study_time``: estimated working time per notebook.
 - ``plots``: the latency bars and phase-cost plots (chapters 0, 1, 9).
 - ``model_card``: the shipped models' card (quality, size, training run).
+- ``markers``: the README sections a command writes between two marker comments (the model
+  card, the benchmark ledger).
 """

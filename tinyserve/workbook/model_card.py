@@ -7,7 +7,6 @@ time from each model's training report (a time cannot be recomputed without retr
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..generate import generate_ids
 from ..model import TinyLlama
 from ..tokenizer import load_tokenizer
 from ..train import TRAIN_PRESETS, eval_windows, evaluate_loss, greedy_agreement, token_stream
+from .markers import section, write_section
 
 
 def greets_by_name(model: TinyLlama, tickets: list[Ticket]) -> float:
@@ -94,22 +94,10 @@ def model_card(n_name_checks: int = 50) -> dict[str, Any]:
     return {"figures": figures, "markdown": "\n".join(lines)}
 
 
-BEGIN, END = "<!-- model-card:begin -->", "<!-- model-card:end -->"
-
-
 def card_in_readme(readme: Path) -> str:
-    """The model card currently written between the markers of ``readme``."""
-    text = readme.read_text()
-    match = re.search(re.escape(BEGIN) + r"\n(.*?)\n?" + re.escape(END), text, re.S)
-    if match is None:
-        raise ValueError(f"{readme} has no {BEGIN} ... {END} section")
-    return match.group(1).strip()
+    """The model card currently written between the model-card markers of ``readme``."""
+    return section(readme, "model-card")
 
 
 def update_readme(readme: Path, markdown: str) -> None:
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{readme} has no {BEGIN} ... {END} section")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{markdown.strip()}\n{END}{tail}")
+    write_section(readme, "model-card", markdown)

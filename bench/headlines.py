@@ -1,0 +1,183 @@
+"""What each suite's headline figures are: the ratios the ledger quotes, their goals, which
+way is better, how far they move between runs of the same code, and the source paths whose
+change makes a stored result stale.
+
+The ledger (:mod:`bench.ledger`) renders these from ``bench/results/SUITE.json``; the
+compare (:mod:`bench.compare`) flags the ones that moved the wrong way. A goal is declared
+only where an issue or the README set one; the rest are reported, not judged.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Better = Literal["higher", "lower", "closer"]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """``at_least`` / ``at_most`` a value, or ``within`` a relative tolerance of ``center``."""
+    kind: Literal["at_least", "at_most", "within"]
+    value: float
+    center: float = 1.0
+
+    def met(self, x: float) -> bool:
+        if self.kind == "at_least":
+            return x >= self.value
+        if self.kind == "at_most":
+            return x <= self.value
+        return abs(x - self.center) <= self.value * abs(self.center)
+
+    def text(self, fmt: str) -> str:
+        if self.kind == "within":
+            lo, hi = (self.center * (1 - self.value), self.center * (1 + self.value))
+            return f"{fmt.format(lo)} to {fmt.format(hi)}"
+        return (">= " if self.kind == "at_least" else "<= ") + fmt.format(self.value)
+
+    @property
+    def better(self) -> Better:
+        return {"at_least": "higher", "at_most": "lower", "within": "closer"}[self.kind]
+
+
+#: Relative change between two runs of the same code that is still noise, when a ratio has
+#: no repeated runs on file: the timing ratios of bench/results/runs/ (the hf and decode
+#: suites, five and three idle runs) moved by 4-16% of their mean between runs.
+DEFAULT_BAND = 0.15
+#: Accounting and simulator figures (no wall clock: the same schedule, the same seeds)
+#: move only by the report's rounding.
+EXACT_BAND = 0.01
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One ratio the ledger quotes. ``value`` reads it from a report (default: the report's
+    ``ratios[name]``); ``band`` is the relative change :mod:`bench.compare` treats as noise."""
+    name: str
+    fmt: str = "{:.2f}x"
+    goal: Goal | None = None
+    better: Better | None = "higher"
+    band: float = DEFAULT_BAND
+    value: Callable[[dict[str, Any]], float | None] | None = None
+
+    def read(self, report: dict[str, Any]) -> float | None:
+        if self.value is not None:
+            return self.value(report)
+        found = report.get("ratios", {}).get(self.name)
+        return None if found is None else float(found)
+
+    @property
+    def direction(self) -> Better | None:
+        return self.goal.better if self.goal else self.better
+
+
+@dataclass(frozen=True)
+class SuiteHeadlines:
+    suite: str
+    sources: tuple[str, ...]   # the suite and the engine code it times (repository paths)
+    headlines: tuple[Headline, ...]
+    file: str = ""             # the report's name in bench/results/ (default SUITE.json)
+
+    @property
+    def result_file(self) -> str:
+        return self.file or f"{self.suite}.json"
+
+
+def _engine_vs_model(rows: int) -> Callable[[dict[str, Any]], float | None]:
+    """bench decode's engine step over the cost model at ``rows`` rows (a measurement, not
+    one of its ratios: one figure per row count)."""
+    def read(report: dict[str, Any]) -> float | None:
+        for entry in report.get("measurements", {}).get("engine_vs_cost_model", []):
+            if entry.get("rows") == rows:
+                return float(entry["measured_over_model"])
+        return None
+    return read
+
+
+def _spec_measured_vs_predicted(report: dict[str, Any]) -> float | None:
+    """Measured k=4 speed-up over the one the bench's own cost model predicts at batch 1
+    (issue 31: how much of the formula's gain the code delivers)."""
+    m = report.get("measurements", {})
+    try:
+        measured = m["runs"]["spec_k4"]["speedup"]
+        predicted = next(e["spec_predicted_speedup_k4"] for e in m["pass_costs_by_batch"]
+                         if e["batch"] == 1)
+    except (KeyError, StopIteration):
+        return None
+    return float(measured) / float(predicted)
+
+
+_ENGINE = ("tinyserve/engine.py", "tinyserve/scheduler.py", "tinyserve/block_manager.py",
+           "tinyserve/paged.py", "tinyserve/sequence.py", "tinyserve/model.py")
+_STEP = ("tinyserve/generate.py", "tinyserve/kv_cache.py", "tinyserve/model.py")
+_COST_MODEL = ("tinyserve/simulator.py", "tinyserve/assets/cost_model.json")
+_WITHIN_20 = Goal("within", 0.20)   # issue 16: the engine's step within 20% of the cost model
+_PCT = "{:.1%}"
+
+#: The headline ratios of every suite `bench all` runs, in the ledger's order. Bands other
+#: than the defaults are the spread ((max - min) / mean) of the runs in bench/results/runs/
+#: plus the headline run, rounded up: hf over five runs, decode over three.
+SUITES: tuple[SuiteHeadlines, ...] = (
+    SuiteHeadlines("kv", ("bench/kv.py", *_STEP), (
+        Headline("cache_speedup_256"), Headline("cache_speedup_512"))),
+    SuiteHeadlines("hf", ("bench/hf.py", "bench/plain_loop.py", "tinyserve/hf_export.py", *_STEP), (
+        Headline("vs_hf_generate_b1", goal=Goal("at_least", 1.5), band=0.11),   # issue 16
+        Headline("vs_hf_generate_b8", goal=Goal("at_least", 1.5), band=0.08),   # issue 16
+        Headline("plain_loop_vs_ours_b1", better="lower", band=0.15),
+        Headline("decode_roofline_fraction", fmt="{:.2f}", band=0.37))),        # two hosts
+    SuiteHeadlines("decode", ("bench/decode.py", "tinyserve/compiled.py", "tinyserve/roofline.py",
+                              *_STEP, *_ENGINE, *_COST_MODEL), (
+        Headline("decode_mbu_b1_eager", fmt="{:.2f}", band=0.05),
+        Headline("decode_mbu_b1_compiled", fmt="{:.2f}", goal=Goal("at_least", 0.5), band=0.15),
+        Headline("compiled_vs_eager_b1", band=0.16),
+        # A cold compile: the 07:02 run had inductor's cache warm, so no spread on file.
+        Headline("compile_s", fmt="{:.1f} s", better="lower", band=0.5),
+        *(Headline(f"engine_vs_cost_model_{r}", fmt="{:.2f}", goal=_WITHIN_20,
+                   value=_engine_vs_model(r)) for r in (16, 32, 64)))),
+    SuiteHeadlines("batching", ("bench/batching.py", "bench/engine_runs.py", *_ENGINE), (
+        Headline("continuous_vs_static_throughput"),)),
+    SuiteHeadlines("paged", ("bench/paged.py", *_ENGINE, *_COST_MODEL), (
+        Headline("paged_waste_fraction", fmt=_PCT, better="lower", band=EXACT_BAND),
+        Headline("contiguous_waste_fraction", fmt=_PCT, better=None, band=EXACT_BAND))),
+    SuiteHeadlines("prefix", ("bench/prefix.py", "bench/engine_runs.py", *_ENGINE), (
+        Headline("prefix_ttft_speedup"),)),
+    SuiteHeadlines("chunked", ("bench/chunked.py", "bench/engine_runs.py", "tinyserve/policies.py",
+                               *_ENGINE, *_COST_MODEL), (
+        Headline("chunked_p99_itl_improvement"),
+        Headline("size_aware_p99_ttft_improvement", band=EXACT_BAND))),
+    SuiteHeadlines("quant", ("bench/quant.py", "tinyserve/quant.py", *_STEP), (
+        Headline("int8_weight_memory_ratio", band=EXACT_BAND),
+        Headline("int8_kv_memory_ratio", band=EXACT_BAND),
+        Headline("int8_val_loss_delta", fmt="{:.3%}", better=None),
+        Headline("int8_decode_speedup"))),
+    SuiteHeadlines("parallel", ("bench/parallel.py", "tinyserve/parallel", "tinyserve/model.py"), (
+        Headline("tp2_speedup_decode"),
+        Headline("tp2_allreduce_share", fmt="{:.0%}", better="lower"),
+        Headline("tp2_speedup_prefill"),
+        Headline("pp_bubble_measured", fmt="{:.2f}", better="lower"))),
+    SuiteHeadlines("spec", ("bench/spec.py", "tinyserve/speculative.py", *_STEP), (
+        Headline("spec_speedup_k4", goal=Goal("at_least", 1.5)),                 # issue 31
+        Headline("spec_measured_vs_predicted_k4", fmt="{:.2f}",                  # issue 31
+                 goal=Goal("at_least", 0.85), value=_spec_measured_vs_predicted),
+        Headline("spec_acceptance_k4", fmt="{:.2f}", band=EXACT_BAND),
+        Headline("ngram_speedup_k4", goal=Goal("at_least", 2.0)))),               # issue 31
+    SuiteHeadlines("serve", ("bench/serve.py", "tinyserve/serving", "tinyserve/loadgen",
+                             *_ENGINE, *_COST_MODEL), (
+        Headline("goodput_knee_vs_overload", fmt="{:.0f}x"),
+        Headline("sim_shape_routing_p99_ttft_improvement", band=EXACT_BAND))),
+    SuiteHeadlines("peers", ("bench/peers.py", "tinyserve/serving", "tinyserve/loadgen", *_ENGINE), (
+        Headline("server_vs_transformers_output_throughput_prefix_on_c4"),
+        Headline("server_vs_transformers_p50_ttft_ms_prefix_on_c4", better="lower"),
+        # The load generator's brief: it keeps as many requests in the server as guidellm,
+        # within 2%.
+        Headline("loadgen_vs_guidellm_server_occupancy_completions_c1", fmt="{:.3f}",
+                 goal=Goal("within", 0.02)))),
+)
+
+BY_SUITE: dict[str, SuiteHeadlines] = {s.suite: s for s in SUITES}
+
+
+def headline(suite: str, name: str) -> Headline | None:
+    """The declared headline ``name`` of ``suite``, or None (a ratio the ledger does not quote)."""
+    entry = BY_SUITE.get(suite)
+    return next((h for h in entry.headlines if h.name == name), None) if entry else None
