@@ -43,9 +43,32 @@ import sys
 
 MAX_DEPTH = 64
 MAX_MESSAGE_BYTES = 256 * 2**20
-# Trusted-side objects (arguments the tests build) that may cross as fields: the course's
-# own engine types (workload specs, SLOs, cost models), never arbitrary classes.
-OBJECT_PACKAGES = ("tinyserve.", "autograder.build_checks")
+# The classes whose objects may cross as their fields (``$o``), by the module that defines
+# them: the course's own data, found by grading every assignment's solution and recording
+# what the tests lend and receive (workload specs, traces, SLOs, cost models, engine and
+# model configs, the build track's caches), plus the small frozen dataclasses the notebooks
+# build their inputs from (length distributions, sampling parameters). Anything else a
+# course module defines or merely imports (``Path``, ``tqdm``, a model, the engine) stays a
+# handle: a reply naming it is refused, so the grader never builds one from the kernel's word.
+DATA_CLASSES = frozenset({
+    "tinyserve.config:ModelConfig",
+    "tinyserve.engine:EngineConfig",
+    "tinyserve.metrics:RequestTrace",
+    "tinyserve.metrics:SLO",
+    "tinyserve.sampling:SamplingParams",
+    "tinyserve.simulator:CostModel",
+    "tinyserve.workload:RequestSpec",
+    "tinyserve.workload:Fixed",
+    "tinyserve.workload:Uniform",
+    "tinyserve.workload:LogNormal",
+    "tinyserve.workload:Mixture",
+    "tinyserve.kv_cache:KVCache",
+    "autograder.build_checks:ReferenceCache",
+})
+# Of those, the ones that are not dataclasses: plain classes whose whole state is their
+# instance fields (tensors, ints, a config), rebuilt without running their constructor.
+PLAIN_DATA_CLASSES = frozenset({"tinyserve.kv_cache:KVCache",
+                                "autograder.build_checks:ReferenceCache"})
 
 
 class WireError(ValueError):
@@ -268,19 +291,15 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def allowed_module(module: str) -> bool:
-    """The course's own packages and the build track's shared checks; never a module from
-    the submission's folder, which the student controls."""
-    return module.startswith(OBJECT_PACKAGES)
-
-
 def allowed_class(path: str) -> type:
-    """The class at ``module:qualname``, if it belongs to an allowed module."""
+    """The class at ``module:qualname``, if it is on ``DATA_CLASSES`` (where it is defined:
+    an import of it under another module's name is refused too)."""
+    if path not in DATA_CLASSES:
+        raise WireError(f"objects of {str(path)[:80]!r} cannot cross the channel (only the "
+                        "course's own data classes, autograder.wire.DATA_CLASSES)")
     module, _, qualname = path.partition(":")
-    if not allowed_module(module) or not qualname.isidentifier():
-        raise WireError(f"objects of {path[:80]!r} cannot cross the channel")
     cls = getattr(importlib.import_module(module), qualname, None)
-    if not isinstance(cls, type):
+    if not isinstance(cls, type) or class_path(cls) != path:
         raise WireError(f"{path[:80]!r} is not a class")
     return cls
 
@@ -306,7 +325,7 @@ def rebuild(cls: type, fields: dict):
 def object_fields(obj) -> dict | None:
     """The instance fields of an allowed trusted object, or None when it may not cross."""
     cls = type(obj)
-    if not allowed_module(cls.__module__) or "." in cls.__qualname__:
+    if class_path(cls) not in DATA_CLASSES:
         return None
     fields = getattr(obj, "__dict__", None)
     if fields is None and hasattr(cls, "__slots__"):

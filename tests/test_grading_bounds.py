@@ -108,3 +108,54 @@ def test_collect_warnings_name_files_escaped(tmp_path):
     rel = ("ann", "mini", f"big{ESCAPES}.bin")
     _, warnings = _group([(rel, None, (MAX_FILE_MB + 1) * 2**20)], "mini")
     assert warnings and not any(map(_has_control, warnings))
+
+
+# ------------------------------------------------------------------ (d) classes that cross
+
+@pytest.mark.parametrize("path", ["tinyserve.simulator:Path", "tinyserve.simulator:tqdm",
+                                  "tinyserve.train:tqdm", "tinyserve.engine:Engine",
+                                  "tinyserve.workload:EngineConfig",  # an import, not its home
+                                  "tinyserve.model:TinyLlama", "autograder.build_checks:_Unavailable"])
+def test_a_reply_naming_a_class_off_the_list_is_refused(path):
+    from autograder.channel import Channel
+    ch = Channel(lambda request, timeout: None)
+    node = json.dumps({"ok": {"$o": [path, {"$d": []}, 0]}})
+    with pytest.raises(Exception) as info:
+        ch._answer(node)
+    assert "cannot cross the channel" in str(info.value)
+
+
+def test_every_class_on_the_list_is_a_course_data_class():
+    import dataclasses
+
+    import torch
+
+    from autograder.wire import DATA_CLASSES, PLAIN_DATA_CLASSES, allowed_class, class_path
+    assert set(PLAIN_DATA_CLASSES) <= set(DATA_CLASSES)
+    for path in DATA_CLASSES:
+        cls = allowed_class(path)
+        assert class_path(cls) == path, path           # named where it is defined
+        assert cls.__module__.startswith(("tinyserve.", "autograder.build_checks"))
+        if path in PLAIN_DATA_CLASSES:
+            # A plain class: state in its instance fields, no hook that runs on a read,
+            # a write or a delete (object.__new__ plus fields is then the whole object).
+            assert not issubclass(cls, torch.nn.Module), path
+            hooks = {"__getattr__", "__getattribute__", "__setattr__", "__delattr__",
+                     "__del__", "__reduce__", "__reduce_ex__", "__setstate__"}
+            for klass in cls.__mro__[:-1]:
+                assert not hooks & set(vars(klass)), (path, klass)
+        else:
+            assert dataclasses.is_dataclass(cls), path
+
+
+def test_listed_objects_still_cross_both_ways_and_others_do_not():
+    from pathlib import Path as _Path
+
+    from autograder.wire import object_fields
+    from tinyserve.metrics import SLO
+    from tinyserve.simulator import CostModel
+    assert object_fields(CostModel(step=1e-3, token=1e-5, row=1e-4, pair=1e-6)) is not None
+    assert object_fields(SLO(ttft_ms=100.0)) is not None
+    assert object_fields(_Path("/etc")) is None
+    from tinyserve.engine import Engine
+    assert object_fields(object.__new__(Engine)) is None
