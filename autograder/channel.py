@@ -198,6 +198,7 @@ class Channel:
         self._remotes: dict[int, Remote] = {}
         self._tags: dict[int, object] = {}
         self.constants = Constants()
+        self.read_only: set[int] = set()   # ids of what read-only cells bound: never written
         self._encoder = Encoder(self._encode_other, on_tensor=self.constants.node)
         self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
@@ -286,12 +287,17 @@ class Channel:
         return value
 
     def _copy_back(self, back) -> None:
-        """Update the objects the tests lent to a call with their fields after it: only
-        fields they already had, each with a value of the same type (data, never behaviour)."""
+        """Update the objects the tests lent to a call with their fields after it, only where
+        a test marked the object as the learner's to write (``testkit.yours_to_write``): only
+        fields it already had, each with a value of the same type (data, never behaviour).
+        Anything else the tests lend (a read-only cell's SLO, which a later hidden test reads
+        for its reference) keeps its values, whatever the learner's code did to its copy."""
         for item in back if type(back) is list else []:
             if type(item) is not list or len(item) != 2 or type(item[1]) is not dict:
                 continue
             obj = self._tags.get(item[0])
+            if _WRITABLE.get(id(obj)) is not obj or id(obj) in self.read_only:
+                continue
             fields = getattr(obj, "__dict__", None)
             if type(fields) is not dict:
                 continue
@@ -327,6 +333,17 @@ class Channel:
             exc = StudentError(f"{name}: {message}")
         exc.autograder_student = name  # marks the error as the student's, for feedback
         return exc
+
+
+# Objects tests marked as the learner's to write (id -> object, kept alive so an id is never
+# reused by another object while marked).
+_WRITABLE: dict[int, object] = {}
+
+
+def mark_writable(obj: object) -> object:
+    """See ``autograder.testkit.yours_to_write``."""
+    _WRITABLE[id(obj)] = obj
+    return obj
 
 
 class Constants:

@@ -267,5 +267,14 @@ def call_each(fn: object, calls: list) -> list:
     return _each(fn, calls)
 
 
+def yours_to_write(obj: object) -> object:
+    """Mark ``obj``, an object a test builds and lends to the learner's code, as one that code
+    may write into: at grading, its fields as the learner's call left them are copied back
+    into it. Objects not marked (a read-only cell's SLO, a reference config) never change,
+    whatever the learner's code does to its copy. Returns ``obj``."""
+    from .channel import mark_writable as _mark
+    return _mark(obj)
+
+
 # Code objects of the public helpers, to notice when a submission swaps them out.
 _CODE = {f.__name__: f.__code__ for f in (check_close, check_equal, check)}

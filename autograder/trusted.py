@@ -64,6 +64,7 @@ class TrustedRunner:
             for name, value in list(dict.items(self.ns)):
                 if before.get(name) != id(value):
                     self.channel.constants.register(value)
+                    self.channel.read_only.add(id(value))
         except (StudentTimeout, KernelLost) as e:
             return f"{label} (read-only) called your code, which failed: {e}"
         except Exception as e:  # noqa: BLE001 - reported, never fatal

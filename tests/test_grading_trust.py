@@ -53,3 +53,38 @@ def test_a_name_the_template_binds_is_never_fetched_from_the_kernel():
         exec("def t():\n    return CONST\nt()", ns)  # through a function's globals too
     assert [r["name"] for r in kernel.sent] == []      # nothing was asked of the kernel
     assert ns["answer"] == 41                          # a student's name still resolves
+
+
+# ------------------------------------------------------------------ finding 5
+
+@pytest.fixture()
+def in_process(monkeypatch):
+    """The trusted side talking to autograder.agent in this process (no kernel)."""
+    from autograder import agent
+    from autograder.trusted import TrustedRunner
+    student_ns: dict = {"__name__": "__main__"}
+    monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
+    runner = TrustedRunner(lambda request, timeout: None if request is None
+                           else agent.serve(request), cwd=".")
+    return student_ns, runner
+
+
+def _cell(source: str):
+    import nbformat
+    return nbformat.v4.new_code_cell(source)
+
+
+def test_a_lent_object_is_written_back_only_where_a_test_marked_it(in_process):
+    student, runner = in_process
+    assert runner.run_setup(_cell("from tinyserve.engine import EngineConfig\n"
+                                  "SLO = EngineConfig(max_num_seqs=4)"), "setup") == ""
+    ns = runner.ns
+    exec("def bump(c):\n    c.max_num_seqs = 99\n    return 0", student)
+    runner.run_test(_cell("from autograder.testkit import yours_to_write\n"
+                          "mine = EngineConfig(max_num_seqs=4)\n"
+                          "bump(SLO); bump(mine); theirs = yours_to_write(EngineConfig());"
+                          " bump(theirs)\n"
+                          "yours_to_write(SLO); bump(SLO)"), "t", 30)
+    assert ns["SLO"].max_num_seqs == 4      # a read-only cell's object: never, even if marked
+    assert ns["mine"].max_num_seqs == 4     # a test's object it did not mark: not written
+    assert ns["theirs"].max_num_seqs == 99  # marked as the learner's to write: copied back

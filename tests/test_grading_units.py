@@ -322,7 +322,8 @@ def test_lent_objects_come_back_with_what_the_call_wrote_and_nothing_else(in_pro
     student, ns = in_process
     exec("def tune(cfg):\n    cfg.max_num_seqs = 99\n    cfg.policy = object()\n"
          "    cfg.extra = 1\n    return slice(1, 5), range(3)", student)
-    cfg = EngineConfig()
+    from autograder.testkit import yours_to_write
+    cfg = yours_to_write(EngineConfig())   # copied back only into objects marked so
     ns["cfg"] = cfg
     exec("out = tune(cfg)", ns)
     assert cfg.max_num_seqs == 99                       # same field, same type: copied back
