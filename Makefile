@@ -33,6 +33,7 @@ help:
 	@echo "make e2e     run only the browser tests (JupyterLab in headless Chromium)"
 	@echo "make hub     a class on JupyterHub: accounts, exchange, hub (as root; README)"
 	@echo "make train   retrain the shipped models (target and draft)"
+	@echo "make bench   every CPU benchmark suite into bench/results/, then the README's ledger"
 	@echo "make peers   install guidellm and transformers serve (own venvs) for bench peers"
 
 # The stamp depends on pyproject.toml, so a changed dependency list reinstalls.
@@ -184,6 +185,19 @@ peers:
 train: $(VENV)/.stamp-base
 	$(PY) -m tinyserve train --preset target
 	$(PY) -m tinyserve train --preset draft
+
+# ---- Benchmarks (README: "Benchmarks") -----------------------------------------------------
+# make bench   every CPU suite in turn (bench/run_all.py lists them; peers runs on its own),
+#              each in its own process with one thread, into bench/results/: each new report
+#              is compared with the one it replaces (regressions marked) before it is moved
+#              in; then the ledger is rendered into README.md and bench/results/README.md.
+#              Run it on a quiet machine and commit the results with the ledger.
+# BENCH_ARGS="--suites spec,hf" runs a subset.
+BENCH_ARGS ?=
+
+bench: $(VENV)/.stamp-test
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 $(PY) -m tinyserve bench all $(BENCH_ARGS)
+	$(PY) -m tinyserve bench ledger --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -32,7 +32,8 @@ EXPECTED_RATIOS = {
 
 def _check_report(data: dict, suite: str) -> None:
     assert {"suite", "ratios", "measurements", "machine", "git_commit", "date",
-            "conditions", "quick"} <= set(data)
+            "conditions", "quick", "load", "clean"} <= set(data)
+    assert {"before", "after", "busy_above", "busy"} <= set(data["load"])
     assert data["suite"] == suite and data["quick"] is True
     assert set(data["ratios"]) == EXPECTED_RATIOS[suite]
     # A "_delta" is a signed relative change (quality), not a speed ratio: any finite float.
@@ -136,3 +137,17 @@ def test_unknown_suite_names_the_choices(capsys: pytest.CaptureFixture[str]) -> 
     import bench
     assert "unknown bench suite 'nope'" in err
     assert "choose one of: " + ", ".join(bench.SUITES) in err
+
+
+def test_bench_all_runs_each_suite_in_its_own_process_and_compares_before_replacing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`make bench`'s loop on the quickest suite: a progress line, the report with its load
+    and clean flag, and on the second run the compare against the report it replaces."""
+    for run in (1, 2):
+        assert main(["bench", "all", "--quick", "--suites", "paged", "--out", str(tmp_path)]) == 0
+        printed = capsys.readouterr().out
+        assert "[1/1] bench paged: done in" in printed
+        assert ("moved the wrong way" in printed) == (run == 2)
+    data = json.loads((tmp_path / "paged.json").read_text())
+    _check_report(data, "paged")
+    assert "contiguous" in (tmp_path / "paged.txt").read_text()   # the printed tables kept
