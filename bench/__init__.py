@@ -2,8 +2,13 @@
 
 Each suite measures an optimisation side by side with its plain reference *in the same run*
 and reports ratios (greater than 1 means the optimised path is faster), next to the raw
-medians, the machine and the commit. Tests run every suite with ``--quick`` and check the
-report's shape, never its timings.
+medians, the machine, the commit and the load around the run. Tests run every suite with
+``--quick`` and check the report's shape, never its timings.
+
+Around the suites (:mod:`bench.cli`): ``bench all`` runs every CPU suite into
+bench/results/ (:mod:`bench.run_all`, ``make bench``), ``bench ledger`` renders the README's
+table from those reports (:mod:`bench.ledger`, declared in :mod:`bench.headlines`), and
+``bench compare`` marks the ratios that moved the wrong way (:mod:`bench.compare`).
 """
 from __future__ import annotations
 

@@ -220,3 +220,11 @@ def test_bench_all_refuses_to_put_quick_figures_in_the_results(
     assert "--out" in capsys.readouterr().err
     assert main(["bench", "all", "--suites", "nope", "--out", "x"]) == 2
     assert "unknown bench suite(s) nope" in capsys.readouterr().err
+
+
+def test_ledger_command_prints_the_table_and_suites_refuse_verb_options(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "ledger"]) == 0
+    assert capsys.readouterr().out.startswith("| suite | ratio | value | goal | met |")
+    assert main(["bench", "paged", "--write"]) == 2
+    assert "belong to: all, ledger, compare" in capsys.readouterr().err
