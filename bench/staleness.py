@@ -30,7 +30,11 @@ class Measured:
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=30)
+    try:
+        return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True,
+                              timeout=30)
+    except OSError as err:   # no git here: no commit can be checked (rows read "unknown")
+        return subprocess.CompletedProcess(["git", *args], 127, "", str(err))
 
 
 def measured(commit: str, sources: tuple[str, ...], repo: Path) -> Measured:

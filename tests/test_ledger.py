@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import ledger
-from bench.compare import changes, render
+from bench.compare import changes, load_report, render
 from bench.headlines import SUITES, Goal
 from bench.machine_load import busy_threshold, busy_warning, stamp
 from bench.staleness import is_shallow
@@ -181,6 +181,16 @@ def test_compare_judges_a_within_goal_by_distance_from_its_centre() -> None:
     assert {c.name: c.verdict() for c in changes(old, new)}["engine_vs_cost_model_16"] == "noise"
     new["measurements"]["engine_vs_cost_model"][0]["measured_over_model"] = 0.6
     assert {c.name: c.verdict() for c in changes(old, new)}["engine_vs_cost_model_16"] == "worse"
+
+
+def test_compare_reads_a_report_as_a_commit_stored_it(repo: Path) -> None:
+    write_spec(repo, spec_report("a" * 40))
+    _git(repo, "add", "bench/results/spec.json")
+    _git(repo, "commit", "-q", "-m", "results")
+    write_spec(repo, spec_report("b" * 40))
+    assert load_report("HEAD:bench/results/spec.json", repo)["git_commit"] == "a" * 40
+    with pytest.raises(ValueError, match="cannot read HEAD:nope.json from git"):
+        load_report("HEAD:nope.json", repo)
 
 
 def test_compare_refuses_two_suites_and_notes_busy_runs() -> None:
