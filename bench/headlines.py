@@ -130,8 +130,9 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("decode_mbu_b1_eager", fmt="{:.2f}", band=0.05),
         Headline("decode_mbu_b1_compiled", fmt="{:.2f}", goal=Goal("at_least", 0.5), band=0.15),
         Headline("compiled_vs_eager_b1", band=0.16),
-        # A cold compile: the 07:02 run had inductor's cache warm, so no spread on file.
-        Headline("compile_s", fmt="{:.1f} s", better="lower", band=0.5),
+        # Cold compiles only: the 07:02 run had inductor's cache warm (a reload), so the
+        # spread is of the headline run and the 11:41 one, on two hosts.
+        Headline("compile_s", fmt="{:.1f} s", better="lower", band=0.40),
         *(Headline(f"engine_vs_cost_model_{r}", fmt="{:.2f}", goal=_WITHIN_20,
                    value=_engine_vs_model(r)) for r in (16, 32, 64)))),
     SuiteHeadlines("batching", ("bench/batching.py", "bench/engine_runs.py", *_ENGINE), (
