@@ -61,12 +61,23 @@ def replace_results(suite: str, scratch: Path, out: Path) -> None:
         shutil.move(str(path), str(out / path.name))
 
 
+def warn_if_untraceable() -> None:
+    """Figures of uncommitted code cannot be traced to a commit: say so before the run."""
+    from tinyserve.provenance import git_commit
+    commit = git_commit()
+    if commit is None or commit.endswith("-dirty"):
+        print("warning: tracked files have uncommitted changes (or there is no git): the "
+              "reports will record a dirty tree, which no commit reproduces; commit first "
+              "for figures the ledger can trace", flush=True)
+
+
 def run_all(suites: list[str], out: Path = RESULTS, quick: bool = False) -> int:
     """Run ``suites`` in turn into ``out``; 0 if every one succeeded, 1 otherwise."""
     check_suites(suites)
     if quick and out.resolve() == RESULTS.resolve():
         raise ValueError("--quick figures mean nothing and must not replace bench/results/; "
                          "give --out DIR (a scratch folder)")
+    warn_if_untraceable()
     threshold = busy_threshold()
     if load_average() > threshold:
         print(f"warning: the machine is busy (load {load_average():.1f}, busy above "
