@@ -208,10 +208,22 @@ def _stdin_exchange():
 
 
 def serve(request: str) -> str:
-    """Answer one request; whatever the student's code raises comes back as data."""
+    """Answer one request, tagged with the request's id (so the runner can tell this reply
+    from a stale one or from a prompt of the student's own ``input()``); whatever the
+    student's code raises comes back as data."""
     import json
     try:
         req = json.loads(request)
+    except ValueError:
+        return json.dumps({"error": ["builtins", "ValueError", "malformed request"]})
+    rid = req.get("id") if type(req) is dict else None
+    reply = _serve(req)
+    return reply if type(rid) is not int else '{"id":%d,%s' % (rid, reply[1:])
+
+
+def _serve(req) -> str:
+    import json
+    try:
         value = _apply(req)
         if type(value) is dict and value.get("$missing") is True and req["op"] == "name":
             return '{"missing":true}'
@@ -239,7 +251,9 @@ def serve(request: str) -> str:
         kind = type(e)
         try:
             message = str(e)
-        except BaseException:  # noqa: BLE001 - a __str__ that raises
+        except BaseException:  # noqa: BLE001 - a __str__ that raises, or never returns and
+            # was interrupted: not re-raised, as a traceback of it would call that __str__
+            # again; the runner has given up on this call and ends the loop when it replies.
             message = "<unprintable>"
         return json.dumps({"error": [str(getattr(kind, "__module__", "")), kind.__name__,
                                      message[:2000]]})

@@ -194,6 +194,7 @@ class Channel:
         self.deadline = float("inf")
         self.namespace: TestNamespace | None = None
         self.calls = 0
+        self._next_id = 0
         self.epoch = 0   # bumped by every request that may run student code
         self._remotes: dict[int, Remote] = {}
         self._tags: dict[int, object] = {}
@@ -230,25 +231,47 @@ class Channel:
         if op not in ("state", "name"):
             self.epoch += 1
         try:
-            reply = self._roundtrip(self._encode_request(op, fields))
-            if reply == '{"stale":true}':   # a constant the kernel lost: send its bytes
+            msg = self._roundtrip(op, fields)
+            if msg.get("stale") is True:   # a constant the kernel lost: send its bytes
                 self.constants.forget_sent()
-                reply = self._roundtrip(self._encode_request(op, fields))
+                msg = self._roundtrip(op, fields)
             self.constants.confirm()
             target = self._remotes.get(fields["ref"]) if op == "callattr" else None
-            return self._answer(reply, target)
+            return self._answer(msg, target)
         finally:
             self._tags.clear()
 
-    def _encode_request(self, op: str, fields: dict) -> str:
+    def _encode_request(self, op: str, fields: dict, rid: int) -> str:
         import json
         self._tags.clear()
         self.constants.begin()
         encoded = {k: (v if k in ("ref", "name") else self._encoder.encode(v))
                    for k, v in fields.items()}
-        return json.dumps({"op": op, **encoded}, separators=(",", ":"))
+        return json.dumps({"op": op, "id": rid, **encoded}, separators=(",", ":"))
 
-    def _roundtrip(self, text: str) -> str:
+    # A call's prompts that are not its reply (each answered, then the reply awaited again);
+    # past this many the kernel is not answering the tests.
+    STRAY_LIMIT = 1000
+
+    def _roundtrip(self, op: str, fields: dict) -> dict:
+        """Send one request and return its reply. Replies carry the request's id: a prompt
+        without it is the student's own ``input()`` (answered with an empty line, as at the
+        end of input) and one with another id is a stale reply of the serving loop (which
+        then waits for a request: ours is sent again). Either way the channel stays in step:
+        the next reply taken is this request's."""
+        self._next_id += 1
+        rid = self._next_id
+        text = self._encode_request(op, fields, rid)
+        reply = self._send(text)
+        for _ in range(self.STRAY_LIMIT):
+            kind, msg = _reply_kind(reply, rid)
+            if kind == "reply":
+                return msg
+            reply = self._send(text if kind == "stale" else "")
+        raise StudentError(f"the kernel answered {self.STRAY_LIMIT} prompts of its own "
+                           "instead of the test's request")
+
+    def _send(self, text: str) -> str:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise StudentTimeout("the cell's time ran out while calling your code")
@@ -261,16 +284,7 @@ class Channel:
         """Close the kernel's serving loop (after each trusted cell)."""
         self._execute(None, 5)
 
-    def _answer(self, text: str, target: Remote | None = None):
-        import json
-        if len(text) > MAX_MESSAGE_BYTES:
-            raise WireError(f"a reply over {MAX_MESSAGE_BYTES // 2**20} MB")
-        try:
-            msg = json.loads(text)
-        except (ValueError, RecursionError):
-            raise WireError("malformed reply") from None
-        if type(msg) is not dict:
-            raise WireError("malformed reply")
+    def _answer(self, msg: dict, target: Remote | None = None):
         if msg.get("missing") is True:
             raise KeyError("missing")
         if "error" in msg:
@@ -397,6 +411,23 @@ class Constants:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+def _reply_kind(text: str, rid: int) -> tuple[str, dict | None]:
+    """("reply", message) for the reply to request ``rid``; ("stale", None) for a reply of
+    the serving loop to another request; ("foreign", None) for any other prompt."""
+    import json
+    if not text.startswith('{"id":'):
+        return "foreign", None
+    if len(text) > MAX_MESSAGE_BYTES:
+        raise WireError(f"a reply over {MAX_MESSAGE_BYTES // 2**20} MB")
+    try:
+        msg = json.loads(text)
+    except (ValueError, RecursionError):
+        raise WireError("malformed reply") from None
+    if type(msg) is not dict or type(msg.get("id")) is not int:
+        raise WireError("malformed reply")
+    return ("reply", msg) if msg["id"] == rid else ("stale", None)
 
 
 def call_each(fn, calls: list) -> list:

@@ -283,7 +283,7 @@ class _Run:
             if self._serving is not None:
                 kc.input("done")
                 msg_id, self._serving = self._serving, None
-                await _await_reply(kc, km, msg_id, timeout)
+                await self._await_end(msg_id, timeout)
             return None
         if self._serving is None:
             self._serving = kc.execute(AGENT, silent=True, store_history=False,
@@ -296,26 +296,67 @@ class _Run:
             return reply
         msg_id, self._serving = self._serving, None
         await ensure_async(km.interrupt_kernel())
-        if await _await_reply(kc, km, msg_id, self.interrupt_grace) is None:
+        if not await self._await_end(msg_id, self.interrupt_grace):
             raise KernelLost("it ignored the interrupt after the time ran out")
         raise StudentTimeout("your code ran out of time and was interrupted")
 
     async def _next_prompt(self, timeout: float) -> str | None:
-        """The next input request's prompt (the kernel's reply); None when the time ran out
-        or the serving loop ended (the student's code replaced it, or it raised)."""
+        """The next prompt of the serving loop (the kernel's reply); None when the time ran
+        out or the loop ended (the student's code replaced it, or it raised). Prompts of any
+        other execution (a stale one) are ignored, and the kernel's output is drained as it
+        comes, so what the student's code prints during a call cannot pile up here."""
         from .channel import KernelLost
         kc, km = self.client.kc, self.client.km
         end = time.monotonic() + timeout
         while (left := end - time.monotonic()) > 0:
+            await self._drain_output()
             try:
-                msg = await ensure_async(kc.stdin_channel.get_msg(timeout=min(left, 1.0)))
+                msg = await ensure_async(kc.stdin_channel.get_msg(timeout=min(left, 0.05)))
             except Empty:
                 if not await ensure_async(km.is_alive()):
                     raise KernelLost("the kernel died") from None
                 continue
-            if msg["header"].get("msg_type") == "input_request":
+            if msg["header"].get("msg_type") == "input_request" \
+                    and msg["parent_header"].get("msg_id") == self._serving:
                 return str(msg["content"].get("prompt", ""))
         return None
+
+    async def _await_end(self, msg_id: str, timeout: float) -> bool:
+        """Wait for the serving loop ``msg_id`` to end. If it asks for input instead (the
+        student's code returned after the interrupt, or swallowed it while reporting an
+        error), the loop survived: it is told ``done``. False if it did neither in time."""
+        from .channel import KernelLost
+        kc, km = self.client.kc, self.client.km
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            await self._drain_output()
+            try:
+                msg = await ensure_async(kc.shell_channel.get_msg(timeout=0.05))
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return True
+            except Empty:
+                if not await ensure_async(km.is_alive()):
+                    raise KernelLost("the kernel died") from None
+            try:
+                msg = await ensure_async(kc.stdin_channel.get_msg(timeout=0))
+            except Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                kc.input("done")
+        return False
+
+    async def _drain_output(self) -> None:
+        """Read and drop the kernel's output messages of a trusted cell's calls, counting
+        them against the notebook's output cap (their text never reaches the graded
+        notebook: a trusted cell's outputs are the runner's own)."""
+        kc = self.client.kc
+        for _ in range(10_000):
+            try:
+                msg = await ensure_async(kc.iopub_channel.get_msg(timeout=0))
+            except Empty:
+                return
+            self.client._out_bytes = getattr(self.client, "_out_bytes", 0) + _output_size(
+                msg.get("content", {}))
 
     def integrity(self) -> None:
         if self.stop_reason:
@@ -338,24 +379,6 @@ class _Run:
         if self.tests is not None:
             self.report.channel_calls = self.tests.channel.calls
         self.report.seconds = time.monotonic() - self.start
-
-
-async def _await_reply(kc, km, msg_id: str, timeout: float) -> dict | None:
-    """The shell reply to ``msg_id`` within ``timeout`` s; None if none came in time."""
-    from .channel import KernelLost
-    end = time.monotonic() + timeout
-    while True:
-        left = end - time.monotonic()
-        if left <= 0:
-            return None
-        try:
-            msg = await ensure_async(kc.shell_channel.get_msg(timeout=min(left, 1.0)))
-        except Empty:
-            if not await ensure_async(km.is_alive()):
-                raise KernelLost("the kernel died") from None
-            continue
-        if msg["parent_header"].get("msg_id") == msg_id:
-            return msg["content"]
 
 
 def _label(cell: nbformat.NotebookNode, index: int) -> str:

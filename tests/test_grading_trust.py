@@ -23,8 +23,10 @@ class FakeKernel:
         req = json.loads(request)
         self.sent.append(req)
         if req["op"] == "name":
-            return self.names.get(req["name"], '{"missing":true}')
-        return self.replies[req["op"]]
+            reply = self.names.get(req["name"], '{"missing":true}')
+        else:
+            reply = self.replies[req["op"]]
+        return '{"id":%d,%s' % (req["id"], reply[1:])  # replies carry their request's id
 
 
 def _namespace(kernel, template_names=()) -> TestNamespace:
@@ -88,3 +90,30 @@ def test_a_lent_object_is_written_back_only_where_a_test_marked_it(in_process):
     assert ns["SLO"].max_num_seqs == 4      # a read-only cell's object: never, even if marked
     assert ns["mine"].max_num_seqs == 4     # a test's object it did not mark: not written
     assert ns["theirs"].max_num_seqs == 99  # marked as the learner's to write: copied back
+
+
+# ------------------------------------------------------------------ finding 4
+
+def test_prompts_that_are_not_the_reply_keep_the_channel_in_step():
+    """The student's own input() is answered with an empty line; a stale reply of the loop
+    gets the request again; the reply taken is always the one with the request's id."""
+    script = []   # what the kernel answers next, whatever it was sent
+
+    def kernel(request, timeout):
+        if request is None:
+            return None
+        kernel.seen.append(request)
+        if script:
+            return script.pop(0)
+        req = json.loads(request)
+        return '{"id":%d,"ok":%d}' % (req["id"], 10 * req["id"])
+    kernel.seen = []
+    ns = _namespace(kernel)
+    ch = ns._channel
+    exec("f = None", ns)
+    ns["f"] = __import__("autograder.channel", fromlist=["Remote"]).Remote(ch, 1, "function")
+    script[:] = ["press enter to go on", '{"id":99,"ok":0}']
+    assert ns["f"]() == 10                    # request 1, after two strays
+    assert kernel.seen[1] == ""               # the input() prompt got an empty line
+    assert kernel.seen[2] == kernel.seen[0]   # the stale reply: the request again
+    assert ns["f"]() == 20                    # and the next call is not one behind

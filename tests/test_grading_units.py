@@ -86,8 +86,10 @@ class FakeKernel:
         req = json.loads(request)
         self.sent.append(req)
         if req["op"] == "name":
-            return self.names.get(req["name"], '{"missing":true}')
-        return self.replies[req["op"]]
+            reply = self.names.get(req["name"], '{"missing":true}')
+        else:
+            reply = self.replies[req["op"]]
+        return '{"id":%d,%s' % (req["id"], reply[1:])  # replies carry their request's id
 
 
 def test_student_names_resolve_late_and_trusted_names_never_change():
