@@ -69,6 +69,40 @@ def test_the_four_hour_path_adds_up_to_the_outline() -> None:
     assert [int(b) for b in blocks] == [30, 140, 50, 20]
 
 
+# What each block of the four-hour path opens: (notebook, first heading, heading it stops
+# before; None for the start or the end), and the minutes of work no notebook holds: Run All
+# in chapter 2 before reading section 3 (it reads the cache section 2 builds), and explaining
+# the drill again aloud. Exercise parts are estimated from their sources in solutions/.
+FOUR_HOUR_PATH = [
+    (30, [("course/00_request_lifecycle.ipynb", None, "## The same request on a busy engine"),
+          ("course/02_kv_cache.ipynb", "## 3.", "## 6.")], 1),
+    (140, [("solutions/harbor_capacity/harbor_capacity.ipynb", None, "**10c")], 0),
+    (50, [("solutions/practice/practice.ipynb", "## Part 3", None)], 10),
+    (20, [("solutions/practice/practice.ipynb", "## Part 2", "**2c")], 0),
+]
+
+
+def test_each_four_hour_block_fits_its_time() -> None:
+    """The parts a block opens, by the estimator, plus its named extra minutes, fit its budget
+    (issue 27: the path had grown to about 280 minutes against 240)."""
+    path = _text().split("## The four-hour path", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| \d\. [^|]+\| (\d+) min \| (.*)$", path, re.M)
+    assert [int(budget) for budget, _ in rows] == [block[0] for block in FOUR_HOUR_PATH]
+    over = {}
+    for (budget, parts, extra), (_, row) in zip(FOUR_HOUR_PATH, rows):
+        minutes = extra
+        for source, start, stop in parts:
+            t = estimate(ROOT / source, start, stop)
+            minutes += t.reading + t.running + t.exercises
+            link = source.replace("solutions/", "exercises/", 1)
+            assert f"]({link})" in row, f"the block of {budget} min does not link {link}"
+        if minutes > budget:
+            over[budget] = round(minutes, 1)
+    assert not over, f"four-hour blocks over their time (budget: estimate): {over}"
+    # Chapter 2's sections 3-5 cannot run alone: the block says to run everything first.
+    assert "Run All" in rows[0][1]
+
+
 def test_quoted_totals_follow_the_tables() -> None:
     text = _text()
     chapters = sum(estimate(p).minutes for p in (ROOT / "course").glob("*.ipynb"))

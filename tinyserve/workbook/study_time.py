@@ -50,14 +50,36 @@ class StudyTime:
         return 5 * math.ceil((self.reading + self.running + self.exercises) / 5)
 
 
-def estimate(path: str | Path) -> StudyTime:
-    """The study time of one notebook by the rule in the module docstring."""
+def _has_heading(cell, heading: str) -> bool:
+    return cell.cell_type == "markdown" and any(
+        line.startswith(heading) for line in cell.source.splitlines())
+
+
+def section(cells: list, start: str | None = None, stop: str | None = None) -> list:
+    """The cells from the one holding a heading line that starts with `start` (the first cell
+    when None) up to, not including, the one holding `stop` (the end when None). Raises
+    ValueError when a heading is not found, so a renamed section cannot drop out unnoticed."""
+    first = 0 if start is None else next(
+        (i for i, c in enumerate(cells) if _has_heading(c, start)), None)
+    if first is None:
+        raise ValueError(f"no heading starting with {start!r}")
+    last = len(cells) if stop is None else next(
+        (i for i, c in enumerate(cells) if i > first and _has_heading(c, stop)), None)
+    if last is None:
+        raise ValueError(f"no heading starting with {stop!r} after {start!r}")
+    return cells[first:last]
+
+
+def estimate(path: str | Path, start: str | None = None, stop: str | None = None) -> StudyTime:
+    """The study time of one notebook by the rule in the module docstring; with `start` and
+    `stop`, of the part between those headings only (see :func:`section`), as the four-hour
+    path on the landing page opens parts of notebooks."""
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
     words = code_cells = written_points = 0
     answer_minutes = 0.0
-    for cell in nb.cells:
+    for cell in section(nb.cells, start, stop):
         grading = cell.get("metadata", {}).get("nbgrader", {})
         if grading.get("solution"):            # an answer: timed as exercise work, not read
             if grading.get("grade") and cell.cell_type == "markdown":
