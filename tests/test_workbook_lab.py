@@ -200,3 +200,51 @@ def test_a_latent_cache_is_sized_next_to_gqa() -> None:
     controls.inputs["window"].value = 1024
     assert controls.inputs["window"].value == 0 and "not both" in controls.status.value
     assert lab.committed and "377,487,360 bytes" in controls.answer.value
+
+
+def test_a_held_measurement_shows_nothing_of_its_answer_before_a_commit(capsys) -> None:
+    # Issue 27: the measurement cell printed its value whether or not a guess was committed.
+    p = Prediction("How many ms?", "ms", discussion="On this CPU the step is mostly overhead.")
+    with p.hold():
+        print("one decode step: 3.25 ms")
+        p.record(3.25)
+    out = capsys.readouterr().out
+    assert out.strip() == Prediction.HELD and "3.25" not in out
+    assert p.answer_text() == Prediction.HIDDEN and "3.25" not in p.answer_text()
+    assert not p.shown() and capsys.readouterr().out.strip() == Prediction.HELD_PLOT
+    assert p.commit(2)                          # committing reveals it in the widget's box...
+    assert "one decode step: 3.25 ms" in p.answer_text() and "too low" in p.answer_text()
+    assert "mostly overhead" in p.answer_text()
+    with p.hold():                              # ...and running the cell again prints it
+        print("one decode step: 3.25 ms")
+        p.record(3.25)
+    out = capsys.readouterr().out
+    assert "3.25 ms" in out and "your guess 2 ms" in out and "mostly overhead" in out
+    assert p.shown()
+
+
+def test_skipping_shows_the_answer_without_a_comparison(capsys) -> None:
+    p = Prediction("ratio?", "x")
+    p.skip()
+    assert p.revealed and not p.committed
+    with p.hold():
+        print("ratio 4.2")
+        p.record(4.2)
+    out = capsys.readouterr().out
+    assert "ratio 4.2" in out and "No guess (skipped)" in out and "too" not in out
+
+
+def test_a_held_block_closes_the_figures_it_drew() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    p = Prediction("q", "x")
+    before = set(plt.get_fignums())
+    with p.hold():
+        plt.figure()
+    assert set(plt.get_fignums()) == before
+    p.skip()
+    with p.hold():
+        fig = plt.figure()
+    assert fig.number in plt.get_fignums()
+    plt.close(fig)

@@ -1,20 +1,29 @@
 """Predict first, then measure: a guess committed before the measurement that answers it.
 
 Every chapter asks the learner to commit a number (a time, a ratio, a size) before the cell
-that measures it. :class:`Prediction` holds that exchange: ``commit`` locks a guess;
-``record`` takes the measured value from the measurement cell; ``revealed_text`` puts the two
-side by side with how far off the guess was, and only once a guess is committed.
+that measures it. :class:`Prediction` holds that exchange: ``commit`` locks a guess (``skip``
+declines to guess, explicitly); ``record`` takes the measured value from the measurement cell;
+``revealed_text`` puts the two side by side with how far off the guess was. The measurement
+cell runs its printing under ``with prediction.hold():``, which keeps the printout (and any
+figure it draws) back until a guess is committed or skipped: run before that, the cell says
+only that its answer is held, and the widget above shows the printout, the comparison and the
+chapter's ``discussion`` of it the moment the learner commits. Cells further down that show
+the answer another way (a plot) run under ``if prediction.shown():``.
 
 It is the pattern of :class:`~tinyserve.workbook.lab.KVCacheLab` (chapter 2) for an answer that
 a measurement, not a formula, produces. The logic is plain Python so a test, or a notebook
 run headless by nbclient, drives it without a browser; :meth:`Prediction.ui` wraps it in
 ipywidgets. Run headless, nobody commits, so ``record`` says there is nothing to compare and
-the measurement cell's own printout stands alone.
+the measurement cell prints only :attr:`Prediction.HELD`.
 """
 from __future__ import annotations
 
+import contextlib
 import html
+import io
 import math
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -44,20 +53,32 @@ def how_far(guess: float, answer: float) -> str:
 
 
 class Prediction:
-    """A question, a committed guess, and the measurement that answers it."""
+    """A question, a committed (or skipped) guess, and the measurement that answers it."""
 
     HIDDEN = "Answer hidden: type your guess, press Commit, then run the measurement below."
     NO_GUESS = ("No guess was committed above, so there is nothing to compare. Commit one, "
                 "then run this cell again: a prediction made after the answer teaches little.")
+    HELD = ("Answer held back: commit a guess in the box above (or press Skip there to see it "
+            "without one). The result then appears in that box; running this cell again prints "
+            "it here too.")
+    HELD_PLOT = "This cell shows the same answer: it draws once you commit a guess (or skip) above."
 
-    def __init__(self, question: str, unit: str) -> None:
+    def __init__(self, question: str, unit: str, discussion: str = "") -> None:
         self.question = question
         self.unit = unit
+        self.discussion = discussion.strip()   # what to read once the answer is out
         self.guess: float | None = None
         self.committed = False
+        self.skipped = False
         self.measured: float | None = None
+        self.held = ""                         # the measurement cell's printout
         self.message = ""
         self._ui: Any = None
+
+    @property
+    def revealed(self) -> bool:
+        """True once a guess is committed or the learner chose to skip guessing."""
+        return self.committed or self.skipped
 
     def set_guess(self, guess: float | str | None) -> None:
         """Record a guess (number or text); refused once committed, which locks it."""
@@ -81,6 +102,12 @@ class Prediction:
         self._refresh()
         return True
 
+    def skip(self) -> None:
+        """Decline to guess, explicitly: the answer is shown without a comparison."""
+        if not self.committed:
+            self.skipped, self.message = True, "Skipped: no guess to compare."
+        self._refresh()
+
     def record(self, measured: float) -> str:
         """Called by the measurement cell: store the value, return what to print under it."""
         value = float(measured)
@@ -88,39 +115,100 @@ class Prediction:
             raise ValueError(f"a measurement must be a positive finite number, got {measured!r}")
         self.measured = value
         self._refresh()
-        return self.revealed_text() if self.committed else self.NO_GUESS
+        return self.revealed_text() if self.revealed else self.NO_GUESS
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator["Prediction"]:
+        """Run a measurement cell's printing inside this block: the printout, and any figure
+        drawn in it, come out only once a guess is committed or skipped, followed by the
+        comparison and the discussion; before that the cell prints :attr:`HELD` and the widget
+        keeps the printout until the commit."""
+        figures = _figure_numbers()
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            yield self
+        self.held = out.getvalue()
+        if self.revealed:
+            sys.stdout.write(self.held)
+            print(self.revealed_text())
+            if self.discussion:
+                print("\n" + self.discussion)
+        else:
+            _close_figures_since(figures)
+            print(self.HELD)
+        self._refresh()
+
+    def shown(self) -> bool:
+        """For a later cell that shows the answer another way (a plot): True once revealed;
+        before that it prints :attr:`HELD_PLOT` and the cell should draw nothing."""
+        if not self.revealed:
+            print(self.HELD_PLOT)
+        return self.revealed
 
     def revealed_text(self) -> str:
-        """The guess and the measurement side by side; only a hint before a commit."""
+        """The guess and the measurement side by side; only a hint before a commit or skip."""
+        measured = None if self.measured is None else f"measured {self.measured:,.4g} {self.unit}"
+        if self.skipped and not self.committed:
+            return (f"No guess (skipped) | {measured}" if measured
+                    else "Skipped: run the measurement below to see its result.")
         if not self.committed:
             return self.HIDDEN
         mine = f"your guess {self.guess:,.4g} {self.unit}"
-        if self.measured is None:
+        if measured is None:
             return f"Committed: {mine}. Now run the measurement below."
-        return (f"{mine} | measured {self.measured:,.4g} {self.unit} | "
-                f"{how_far(self.guess, self.measured)}")
+        return f"{mine} | {measured} | {how_far(self.guess, self.measured)}"
 
     # --- ipywidgets front end -------------------------------------------------------------
     def ui(self) -> Any:
-        """The question as ipywidgets: a text box, a Commit button and the (hidden) answer."""
+        """The question as ipywidgets: a text box, Commit and Skip buttons and the (hidden)
+        answer, which shows the measurement's held printout and the discussion once out."""
         if self._ui is None:
             import ipywidgets as w
 
             box = w.Text(placeholder="e.g. 2", description=f"guess ({self.unit})",
                          style={"description_width": "120px"})
             button = w.Button(description="Commit guess", button_style="primary")
+            skip = w.Button(description="Skip (show the answer)")
             status, answer = w.HTML(), w.HTML()
             box.observe(lambda change: self.set_guess(change["new"]), names="value")
             button.on_click(lambda _b: self.commit())
-            self._ui = {"guess": box, "commit": button, "status": status, "answer": answer,
+            skip.on_click(lambda _b: self.skip())
+            self._ui = {"guess": box, "commit": button, "skip": skip, "status": status,
+                        "answer": answer,
                         "box": w.VBox([w.HTML(f"<b>Predict first.</b> {html.escape(self.question)}"),
-                                       box, button, status, answer])}
+                                       box, w.HBox([button, skip]), status, answer])}
             self._refresh()
         return self._ui["box"]
+
+    def answer_text(self) -> str:
+        """What the widget's answer area shows: the hint, or once revealed the comparison, the
+        measurement's printout (if it has run) and the discussion."""
+        if not self.revealed:
+            return self.HIDDEN
+        parts = [self.revealed_text()]
+        if self.held:
+            parts.append(self.held.rstrip())
+        if self.discussion and self.measured is not None:
+            parts.append(self.discussion)
+        return "\n\n".join(parts)
 
     def _refresh(self) -> None:
         if self._ui is None:
             return
         self._ui["guess"].disabled = self._ui["commit"].disabled = self.committed
+        self._ui["skip"].disabled = self.revealed
         self._ui["status"].value = f"<i>{html.escape(self.message)}</i>" if self.message else ""
-        self._ui["answer"].value = f"<pre>{html.escape(self.revealed_text())}</pre>"
+        self._ui["answer"].value = f"<pre>{html.escape(self.answer_text())}</pre>"
+
+
+def _figure_numbers() -> set[int]:
+    plt = sys.modules.get("matplotlib.pyplot")
+    return set(plt.get_fignums()) if plt else set()
+
+
+def _close_figures_since(before: set[int]) -> None:
+    """Close the figures a held block drew, so the notebook does not display them."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt:
+        for number in set(plt.get_fignums()) - before:
+            plt.close(number)
