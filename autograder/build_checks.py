@@ -98,7 +98,10 @@ def reference_uses(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] 
         found.update(n for n in names | attrs if n == _REFERENCE or n in banned)
         scope = getattr(f, "__globals__", {})
         closure = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
-        for obj in [scope.get(n) for n in names] + closure:
+        # Default arguments hold objects too: `def f(x, norm=_tinyserve_norm)` uses it.
+        defaults = list(getattr(f, "__defaults__", None) or ()) + list(
+            (getattr(f, "__kwdefaults__", None) or {}).values())
+        for obj in [scope.get(n) for n in names] + closure + defaults:
             if obj is None or obj is f:
                 continue
             if _is_reference(obj) or getattr(obj, "__name__", None) in banned:
@@ -122,6 +125,47 @@ def _copied_lines(fn: object) -> list[str]:
     if len(same) >= 2 and 2 * len(same) >= len(lines):
         return [f"lines copied from tinyserve ({same[0][:60]!r} ...)"]
     return []
+
+
+def _trusted_runner():
+    """The trusted runner running this test, or None (in a kernel: the learner's or a plain
+    run of the notebook)."""
+    trusted = sys.modules.get("autograder.trusted")
+    return trusted.current() if trusted is not None else None
+
+
+# Helpers a trusted test may run in the learner's kernel (``in_kernel``): they set up what the
+# learner's code works with there (a cache, the kernel's device); none of them judges it.
+KERNEL_HELPERS = ("reference_cache", "call_with_pieces", "device_name")
+NOTEBOOK_HELPER_PREFIX = "_kernel_"   # read-only cells' own set-up functions, by name
+
+
+def in_kernel(fn):
+    """``fn``, run where the learner's code lives: a helper of this module named in
+    KERNEL_HELPERS, or a read-only cell's function named ``_kernel_...``. At grading, a call
+    goes to the learner's kernel (to this module's helper, or to the function of that name
+    there) and what it returns is the kernel's, as any answer is: data, or a handle on an
+    object that stays there. Elsewhere (a kernel, a plain run) ``fn`` itself."""
+    name = getattr(fn, "__name__", "")
+    ours = name in KERNEL_HELPERS and getattr(fn, "__module__", "") == __name__
+    if not ours and not name.startswith(NOTEBOOK_HELPER_PREFIX):
+        raise ValueError(f"{name!r} is neither a kernel helper of {__name__} nor a "
+                         f"read-only cell's {NOTEBOOK_HELPER_PREFIX}... function")
+    runner = _trusted_runner()
+    if runner is None:
+        return fn
+    channel = runner.channel
+
+    def call(*args, **kwargs):
+        return channel.request("helper", name=name, args=list(args), kwargs=dict(kwargs))
+    call.__name__ = name
+    return call
+
+
+def device_name() -> str:
+    """The device the learner's code runs on (their kernel's default device)."""
+    import tinyserve
+    return str(tinyserve.default_device())
 
 
 class _Unavailable(types.ModuleType):
@@ -155,10 +199,22 @@ def error_without_reference(fn: object, call) -> BaseException | None:
 
 def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
              args: tuple | None = None) -> list[str]:
-    """Why ``fn`` is not the learner's own work (empty: nothing found). Runs where the learner's
-    code lives (their kernel): it reads the code of ``fn`` and, given ``args``, calls
-    ``fn(*args)`` once more with tinyserve unavailable. Returns plain strings, so a trusted
-    test runner can ask for it over its data-only channel."""
+    """Why ``fn`` is not the learner's own work (empty: nothing found).
+
+    At grading (a trusted runner is running the test), ``fn`` is a handle on the learner's
+    function and the verdict is read from the source of the learner's cells, which the grader
+    holds (``autograder.own_source``): nothing the learner's kernel computes or binds takes
+    part. Elsewhere (the learner's own kernel, a plain run of the notebook) it reads the code
+    of ``fn`` and, given ``args``, calls ``fn(*args)`` once more with tinyserve unavailable."""
+    runner = _trusted_runner()
+    if runner is not None:
+        from autograder.own_source import problems
+        name = runner.ns.name_of(fn)
+        if name is None:
+            return [] if not callable(fn) else ["is not a function of your cells"]
+        found = problems(runner.student_sources, name, pieces, runner.ns, banned,
+                         frozenset(_REFERENCE_LINES))
+        return [f"{'; '.join(found)[:300]}"] if found else []
     uses = reference_uses(fn, pieces, banned)
     problems = [f"uses {', '.join(uses)[:300]}"] if uses else []
     if args is not None and not problems:

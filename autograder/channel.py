@@ -302,7 +302,8 @@ class Channel:
 
     def _copy_back(self, back) -> None:
         """Update the objects the tests lent to a call with their fields after it, only where
-        a test marked the object as the learner's to write (``testkit.yours_to_write``): only
+        the object is the learner's to write (a test marked it so, ``testkit.yours_to_write``,
+        or it came from the kernel in the first place, as an answer): only
         fields it already had, each with a value of the same type (data, never behaviour).
         Anything else the tests lend (a read-only cell's SLO, which a later hidden test reads
         for its reference) keeps its values, whatever the learner's code did to its copy."""
@@ -442,8 +443,9 @@ def call_each(fn, calls: list) -> list:
 
 def _rebuild_answer(path: str, fields, _tag):
     """A course dataclass the student's code built (an EngineConfig, say), rebuilt here from
-    its fields by the real class's constructor."""
-    return rebuild(allowed_class(path), fields)
+    its fields by the real class's constructor. It is the learner's data already, so a later
+    call may write into it (a cache the kernel built, which the learner's code then fills)."""
+    return mark_writable(rebuild(allowed_class(path), fields))
 
 
 class TemplateNameUnbound(NameError):
@@ -487,6 +489,13 @@ class TestNamespace(dict):
     def __setitem__(self, name, value) -> None:
         self._fetched.discard(name)
         dict.__setitem__(self, name, value)
+
+    def name_of(self, value) -> str | None:
+        """The student's name under which ``value`` (a handle) was fetched, if it was."""
+        for name in self._fetched:
+            if dict.get(self, name) is value:
+                return name
+        return None
 
     def forget_student_values(self) -> None:
         """After a student cell ran: what was fetched may have changed."""

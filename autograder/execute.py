@@ -170,6 +170,7 @@ class _Run:
             self.tests = TrustedRunner(self._exchange, cwd=plan.trusted_cwd or cwd,
                                        template_names=frozenset(template))
         self._serving: str | None = None   # msg_id of the kernel's serving loop, if running
+        self._idle: set = set()             # serving loops whose last output was read
 
     def _on_executed(self, cell, cell_index, execute_reply):  # nbclient hook
         self.replies[cell_index] = execute_reply.get("content", {}) if execute_reply else {}
@@ -199,7 +200,7 @@ class _Run:
         if index in self.plan.both:
             self._setup_here_too(index, cell, result)
         else:
-            self.tests.student_cell_ran()
+            self.tests.student_cell_ran(cell.source)
 
     def _setup_here_too(self, index: int, cell, result: CellResult) -> None:
         """A read-only cell is trusted code: it runs here whatever it did in the kernel, so
@@ -333,6 +334,7 @@ class _Run:
             try:
                 msg = await ensure_async(kc.shell_channel.get_msg(timeout=0.05))
                 if msg["parent_header"].get("msg_id") == msg_id:
+                    await self._drain_output(until_idle=msg_id, timeout=max(2.0, end - time.monotonic()))
                     return True
             except Empty:
                 if not await ensure_async(km.is_alive()):
@@ -345,18 +347,30 @@ class _Run:
                 kc.input("done")
         return False
 
-    async def _drain_output(self) -> None:
+    async def _drain_output(self, until_idle: str = "", timeout: float = 0.0) -> None:
         """Read and drop the kernel's output messages of a trusted cell's calls, counting
         them against the notebook's output cap (their text never reaches the graded
-        notebook: a trusted cell's outputs are the runner's own)."""
-        kc = self.client.kc
-        for _ in range(10_000):
+        notebook: a trusted cell's outputs are the runner's own). With ``until_idle``, read
+        on until that execution's last message (the kernel flushes the student's output
+        when it ends), or until ``timeout``: no output of a loop is left queued here."""
+        kc, end = self.client.kc, time.monotonic() + timeout
+        while until_idle not in self._idle:
+            wait = max(0.0, min(0.05, end - time.monotonic())) if until_idle else 0
             try:
-                msg = await ensure_async(kc.iopub_channel.get_msg(timeout=0))
+                msg = await ensure_async(kc.iopub_channel.get_msg(timeout=wait))
             except Empty:
-                return
-            self.client._out_bytes = getattr(self.client, "_out_bytes", 0) + _output_size(
+                if not until_idle or time.monotonic() >= end:
+                    return
+                continue
+            if msg["header"].get("msg_type") == "status" \
+                    and msg["content"].get("execution_state") == "idle":
+                self._idle.add(msg["parent_header"].get("msg_id"))
+                continue
+            client = self.client
+            client._out_bytes = getattr(client, "_out_bytes", 0) + _output_size(
                 msg.get("content", {}))
+            if client._out_bytes > client.output_limit:
+                client._truncated = True   # reported once, with the kernel cells' output
 
     def integrity(self) -> None:
         if self.stop_reason:

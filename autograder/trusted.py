@@ -30,15 +30,27 @@ class _CappedText(io.StringIO):
         return len(text)
 
 
+_CURRENT: list["TrustedRunner"] = []   # the runner whose cell is running in this process
+
+
+def current() -> "TrustedRunner | None":
+    """The runner executing a trusted cell right now (None in a kernel, or between cells):
+    the tests' helpers ask it for what only the trusted side holds (the learner's source)."""
+    return _CURRENT[-1] if _CURRENT else None
+
+
 class TrustedRunner:
     def __init__(self, kernel_request, *, cwd: str, template_names: frozenset[str] = frozenset()):
         self.channel = Channel(kernel_request)
         self.ns = TestNamespace(self.channel, template_names)
         self.channel.namespace = self.ns
         self.cwd = cwd
+        self.student_sources: list[str] = []   # the learner's cells the kernel ran, in order
 
-    def student_cell_ran(self) -> None:
+    def student_cell_ran(self, source: str = "") -> None:
         self.ns.forget_student_values()
+        if source.strip():
+            self.student_sources.append(source)
 
     @contextlib.contextmanager
     def _inside(self, out: io.StringIO):
@@ -46,10 +58,12 @@ class TrustedRunner:
         # The folder is NOT put on sys.path: a .py file there is the student's to write.
         here = os.getcwd()
         os.chdir(self.cwd)
+        _CURRENT.append(self)
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 yield
         finally:
+            _CURRENT.pop()
             os.chdir(here)
 
     def run_setup(self, cell: nbformat.NotebookNode, label: str) -> str:

@@ -1,0 +1,216 @@
+"""Is a graded piece the learner's own code? Judged from the submitted source, on the trusted side.
+
+The build track gives no points for a piece that calls or copies tinyserve (the reference the
+tests compare with). That evidence used to be computed in the learner's kernel, where the
+learner could rebind the function that computed it. Here it is read from the source of the
+learner's cells, which the grader holds: the piece's definition, and every helper of the
+learner's it reaches (other graded pieces excepted: each is judged on its own). A piece has a
+problem when it, or a helper it reaches:
+
+* imports from tinyserve, or reads a name the assignment's read-only cells bound to a
+  tinyserve object (``_apply_rope``), in its body, its default arguments or its decorators;
+* reaches names dynamically (``eval``, ``__import__``, ``globals()``, ``sys.modules``,
+  ``__globals__`` ...), which a reading of the code cannot follow;
+* reads an attribute of a module that the module does not have (put there at run time);
+* reads a name no cell binds in a way this reading can see;
+* is mostly tinyserve's lines, verbatim (``build_checks.copied_lines``).
+
+A verdict needs nothing from the kernel, so nothing the learner's code does at run time can
+change it.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import symtable
+import types
+from collections.abc import Mapping
+
+from .scan import to_python
+
+REFERENCE = "tinyserve"
+# Names that reach other names at run time: code that uses them cannot be read for what it
+# calls. None of them is needed to write a build-track piece.
+DYNAMIC_NAMES = frozenset({"eval", "exec", "compile", "__import__", "globals", "locals", "vars",
+                           "breakpoint", "importlib", "sys", "builtins", "__builtins__",
+                           "get_ipython"})
+DYNAMIC_ATTRS = frozenset({"__globals__", "__dict__", "__builtins__", "__code__", "__closure__",
+                           "__defaults__", "__kwdefaults__", "__subclasses__", "__import__",
+                           "__getattribute__", "__loader__", "__spec__", "__self__", "modules",
+                           "f_globals", "f_locals", "f_back", "import_module"})
+# Bound by IPython in every kernel namespace.
+KERNEL_NAMES = frozenset({"In", "Out", "display", "exit", "quit", "_", "__", "___"})
+
+
+def problems(sources: list[str], piece: str, pieces: tuple[str, ...], trusted: Mapping,
+             banned: tuple[str, ...] = (), reference_lines: frozenset[str] = frozenset()
+             ) -> list[str]:
+    """Why ``piece`` (a name the learner's cells ``sources`` bind) is not the learner's own
+    work; empty when nothing was found. ``trusted``: what the assignment's own cells bound
+    (read-only and test cells), as objects of the trusted side."""
+    bindings = _bindings(sources)
+    found: list[str] = []
+    seen: set[str] = set()
+    todo = [piece]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name != piece and name in pieces:
+            continue  # another graded piece: judged on its own
+        if name in bindings:
+            node, text = bindings[name]
+            read, why = _reads(node, text, trusted, banned, reference_lines)
+            found.extend(f"{name}: {w}" if name != piece else w for w in why)
+            todo.extend(read)
+        elif name == piece:
+            return []  # not defined: the piece's own tests say so
+        else:
+            found.extend(_outside_name(name, trusted, banned))
+    return sorted(set(found))
+
+
+def _outside_name(name: str, trusted: Mapping, banned: tuple[str, ...]) -> list[str]:
+    """A name the learner's code reads that their cells do not bind."""
+    if name in banned:
+        return [f"uses {name}"]
+    if name in trusted:
+        obj = trusted[name]
+        return [f"uses {name} ({_origin(obj)})"] if _is_reference(obj) else []
+    if hasattr(builtins, name) or name in KERNEL_NAMES:
+        return []
+    return [f"reads `{name}`, which no cell defines where the grader can see it"]
+
+
+def _bindings(sources: list[str]) -> dict[str, tuple[ast.AST, str]]:
+    """The last module-level binding of each name in the learner's cells (as the kernel ran
+    them, in order): (the node that binds it, its cell's source)."""
+    out: dict[str, tuple[ast.AST, str]] = {}
+    for source in sources:
+        text = to_python(source)
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for stmt in tree.body:
+            for name, node in _bound_by(stmt):
+                out[name] = (node, text)
+    return out
+
+
+def _bound_by(stmt: ast.stmt):
+    """(name, node whose code gives it its value) for each name ``stmt`` binds at module
+    level, however deep in if/for/with/try it sits."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        yield stmt.name, stmt
+        for sub in ast.walk(stmt):  # `global x` in a function: x is bound by that function
+            if isinstance(sub, ast.Global):
+                for name in sub.names:
+                    yield name, stmt
+        return
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        for alias in stmt.names:
+            yield (alias.asname or alias.name).split(".")[0], stmt
+        return
+    for sub in ast.walk(stmt):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            yield sub.id, stmt
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield sub.name, sub
+        elif isinstance(sub, (ast.Import, ast.ImportFrom)):
+            for alias in sub.names:
+                yield (alias.asname or alias.name).split(".")[0], sub
+
+
+def _reads(node: ast.AST, text: str, trusted: Mapping, banned: tuple[str, ...],
+           reference_lines: frozenset[str]) -> tuple[set[str], list[str]]:
+    """(global names ``node``'s code reads, problems found in it)."""
+    why: list[str] = []
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Import, ast.ImportFrom)):
+            modules = ([a.name for a in sub.names] if isinstance(sub, ast.Import)
+                       else [sub.module or ""])
+            for module in modules:
+                root = module.split(".")[0]
+                if root == REFERENCE or root in banned:
+                    why.append(f"imports {module}")
+                elif root in DYNAMIC_NAMES:
+                    why.append(f"imports {module}, which reaches names at run time")
+        elif isinstance(sub, ast.Attribute):
+            why.extend(_attribute_problems(sub, trusted, banned))
+    names = _global_reads(node, text)
+    for name in sorted(names & DYNAMIC_NAMES):
+        why.append(f"uses {name}, which reaches names at run time")
+    why.extend(copied_lines(ast.get_source_segment(text, node) or "", reference_lines))
+    return names - DYNAMIC_NAMES, why
+
+
+def _attribute_problems(node: ast.Attribute, trusted: Mapping, banned: tuple[str, ...]
+                        ) -> list[str]:
+    if node.attr == REFERENCE or node.attr in banned:
+        return [f"uses {node.attr}"]
+    if node.attr in DYNAMIC_ATTRS:
+        return [f"reads .{node.attr}, which reaches names at run time"]
+    base = node.value
+    if isinstance(base, ast.Name) and base.id in trusted:
+        module = trusted[base.id]
+        if isinstance(module, types.ModuleType) and not hasattr(module, node.attr):
+            return [f"reads {base.id}.{node.attr}, which {base.id} does not have "
+                    "(set at run time?)"]
+    return []
+
+
+def _global_reads(node: ast.AST, text: str) -> set[str]:
+    """Names ``node``'s code looks up in the notebook's globals (symtable's reading, so a
+    local, a parameter or a comprehension variable is not one)."""
+    segment = ast.get_source_segment(text, node)
+    if segment is None:
+        return set()
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        # A module-level statement: what it reads is global, except what it binds itself
+        # before reading (too fine to matter here: it binds the names it is followed for).
+        segment = ast.unparse(node)
+    try:
+        table = symtable.symtable(_dedent(segment), "<piece>", "exec")
+    except SyntaxError:
+        return set()
+    names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
+    todo = list(table.get_children())
+    while todo:
+        child = todo.pop()
+        todo.extend(child.get_children())
+        names.update(s.get_name() for s in child.get_symbols()
+                     if s.is_global() and s.is_referenced())
+    return names
+
+
+def _dedent(segment: str) -> str:
+    import textwrap
+    return textwrap.dedent(segment)
+
+
+def copied_lines(source: str, reference_lines: frozenset[str]) -> list[str]:
+    """Source whose code lines are mostly tinyserve's, verbatim, is a copy."""
+    lines = [ln.split("#")[0].strip() for ln in source.splitlines()[1:]]
+    lines = [ln for ln in lines if ln and not ln.startswith(('"""', "'''"))]
+    same = [ln for ln in lines if ln in reference_lines]
+    if len(same) >= 2 and 2 * len(same) >= len(lines):
+        return [f"lines copied from tinyserve ({same[0][:60]!r} ...)"]
+    return []
+
+
+def _is_reference(obj: object) -> bool:
+    if isinstance(obj, types.ModuleType):
+        name = obj.__name__
+    else:
+        name = getattr(obj, "__module__", None) if callable(obj) else None
+        name = name or getattr(type(obj), "__module__", "")
+    return isinstance(name, str) and name.split(".")[0] == REFERENCE
+
+
+def _origin(obj: object) -> str:
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__
+    module = getattr(obj, "__module__", None) or getattr(type(obj), "__module__", "")
+    return f"{module}.{getattr(obj, '__qualname__', type(obj).__name__)}"
