@@ -115,16 +115,12 @@ def reference_uses(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] 
 
 def _copied_lines(fn: object) -> list[str]:
     """A function whose code lines are mostly tinyserve's, verbatim, is a copy."""
+    from autograder.own_source import copied_lines
     try:
         source = inspect.getsource(fn)  # type: ignore[arg-type]
     except (OSError, TypeError):
         return []
-    lines = [ln.split("#")[0].strip() for ln in source.splitlines()[1:]]
-    lines = [ln for ln in lines if ln and not ln.startswith(('"""', "'''"))]
-    same = [ln for ln in lines if ln in _REFERENCE_LINES]
-    if len(same) >= 2 and 2 * len(same) >= len(lines):
-        return [f"lines copied from tinyserve ({same[0][:60]!r} ...)"]
-    return []
+    return copied_lines(source, frozenset(_REFERENCE_LINES))
 
 
 def _trusted_runner():

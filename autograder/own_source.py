@@ -62,7 +62,7 @@ def problems(sources: list[str], piece: str, pieces: tuple[str, ...], trusted: M
         if name in bindings:
             node, text = bindings[name]
             read, why = _reads(node, text, trusted, banned, reference_lines)
-            found.extend(f"{name}: {w}" if name != piece else w for w in why)
+            found.extend(f"through {name}: {w}" if name != piece else w for w in why)
             todo.extend(read)
         elif name == piece:
             return []  # not defined: the piece's own tests say so

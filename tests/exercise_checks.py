@@ -296,11 +296,13 @@ def fresh_release(name: str) -> tuple[Path, Path]:
     return _RELEASES[name]
 
 def check_sandboxed_grading(name: str, source_dir: Path, test_points: dict[str, int],
-                            manual_points: dict[str, int], tmp_path: Path) -> None:
+                            manual_points: dict[str, int], tmp_path: Path,
+                            forged: dict[str, tuple] | None = None) -> None:
     """A fresh course holding the assignment's source and a fresh release of it (with the
     gradebook that release recorded), submit the solution and the blank release, autograde
     both in the sandbox: the solution gets every test cell's points, the blank release none,
-    and both are graded out of all points (test and manual)."""
+    and both are graded out of all points (test and manual). ``forged``: more submissions
+    graded in the same batch, {who: (notebook, {test cell: points it must get})}."""
     from autograder.course import Course
     from autograder.grade import autograde
     course = Course(tmp_path)
@@ -314,7 +316,15 @@ def check_sandboxed_grading(name: str, source_dir: Path, test_points: dict[str, 
         dest = course.submitted / who / name
         dest.mkdir(parents=True)
         shutil.copy(notebook, dest / f"{name}.ipynb")
+    for who, (notebook, _) in (forged or {}).items():
+        dest = course.submitted / who / name
+        dest.mkdir(parents=True)
+        nbformat.write(notebook, dest / f"{name}.ipynb")
     results = {r["student"]: r for r in autograde(course, name, workers=2, progress=False)}
+    for who, (_, points) in (forged or {}).items():
+        tests = {t["grade_id"]: t for t in results[who]["notebooks"][name]["tests"]}
+        got = {gid: tests[gid]["points"] for gid in points}
+        assert got == points, (who, {gid: tests[gid]["message"] for gid in points})
     for who, score in (("solution", sum(test_points.values())), ("blank", 0)):
         r = results[who]
         detail = json.dumps({k: r[k] for k in ("status", "score", "reasons", "flags", "notebooks")})

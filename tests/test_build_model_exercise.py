@@ -153,6 +153,32 @@ def test_one_wrong_piece_costs_only_its_own_points(source, cell, wrong, failing)
 
 # ------------------------------------------------------------------ end to end, sandboxed
 
+# Evidence the learner's kernel could forge (issue 25): `_own_work` rebound there (a `for`
+# target, which the static scan does not follow), and tinyserve's attention captured in a
+# default argument, which a reading of the function's code (names and closures) misses. Both
+# earned the pieces' points when the verdict came from the kernel.
+FORGED = {
+    "rms_norm": "from tinyserve.model import RMSNorm\n"
+                "def rms_norm(x, weight, eps):\n"
+                "    norm = RMSNorm(x.shape[-1], eps).to(x.device)\n"
+                "    norm.weight.data.copy_(weight)\n"
+                "    return norm(x).detach()\n"
+                "for _own_work in [lambda *args, **kwargs: []]:\n"
+                "    pass",
+    "attention": "def attention(q, k, v, qp, kp, _sdpa=torch.nn.functional.scaled_dot_product_attention):\n"
+                 "    g = q.shape[0] // k.shape[0]\n"
+                 "    return _sdpa(q, k.repeat_interleave(g, 0), v.repeat_interleave(g, 0),\n"
+                 "                 attn_mask=kp[None, :] <= qp[:, None])",
+}
+
+
 @needs_sandbox
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
-    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)
+    forged = copy_notebook(source)
+    for cell in forged.cells:
+        if meta(cell).get("grade_id") in FORGED:
+            cell.source = FORGED[meta(cell)["grade_id"]]
+    points = {"test_rms_norm": 0, "test_attention_causal": 0, "test_attention_gqa": 3,
+              "test_swiglu": 2, "test_decoder_block": 4}
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path,
+                            forged={"forged_evidence": (forged, points)})

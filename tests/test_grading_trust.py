@@ -117,3 +117,55 @@ def test_prompts_that_are_not_the_reply_keep_the_channel_in_step():
     assert kernel.seen[1] == ""               # the input() prompt got an empty line
     assert kernel.seen[2] == kernel.seen[0]   # the stale reply: the request again
     assert ns["f"]() == 20                    # and the next call is not one behind
+
+
+# ------------------------------------------------------------------ finding 2
+
+def _trusted_names():
+    import math
+
+    import torch
+    import tinyserve.model
+    return {"torch": torch, "math": math, "F": torch.nn.functional,
+            "_apply_rope": tinyserve.model.apply_rope, "tinyserve": tinyserve, "DEVICE": "cpu"}
+
+
+OWN = "def rms_norm(x, w, eps):\n    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w"
+
+
+@pytest.mark.parametrize("cells, why", [
+    ([OWN], None),
+    (["def helper(x):\n    return x.pow(2).mean(-1, keepdim=True)\n",
+      "def rms_norm(x, w, eps):\n    return x * torch.rsqrt(helper(x) + eps) * w"], None),
+    (["def rms_norm(x, w, eps):\n    return attention(x) * w"], None),   # another piece
+    (["from tinyserve.model import RMSNorm\n", "def rms_norm(x, w, eps):\n    return RMSNorm(4)(x)"],
+     "through RMSNorm: imports tinyserve.model"),
+    (["def rms_norm(x, w, eps, rope=_apply_rope):\n    return rope(x)"], "uses _apply_rope"),
+    (["def rms_norm(x, w, eps):\n    return __import__('tiny' + 'serve').model.rms_norm(x)"],
+     "__import__"),
+    (["torch.my_norm = 1\n", "def rms_norm(x, w, eps):\n    return torch.my_norm(x)"],
+     "torch does not have"),
+    (["def rms_norm(x, w, eps):\n    return x.__class__.__init__.__globals__['norm'](x)"],
+     "__globals__"),
+    (["globals()['norm'] = 1\n", "def rms_norm(x, w, eps):\n    return norm(x)"],
+     "no cell defines"),
+    (["def rms_norm(x, w, eps):\n    return F.scaled_dot_product_attention(x)"],
+     "uses scaled_dot_product_attention"),
+])
+def test_a_pieces_provenance_is_read_from_the_submitted_source(cells, why):
+    from autograder.own_source import problems
+    found = problems(cells, "rms_norm", ("rms_norm", "attention"), _trusted_names(),
+                     banned=("scaled_dot_product_attention",))
+    if why is None:
+        assert found == []
+    else:
+        assert any(why in f for f in found), found
+
+
+def test_a_pasted_copy_of_the_reference_is_recognised():
+    from autograder.build_checks import _REFERENCE_LINES
+    from autograder.own_source import copied_lines
+    code = sorted(line for line in _REFERENCE_LINES if not line.startswith(('"', "'")))[:4]
+    source = "def f(x):\n" + "\n".join(f"    {line}" for line in code)
+    assert copied_lines(source, frozenset(_REFERENCE_LINES))
+    assert not copied_lines(OWN, frozenset(_REFERENCE_LINES))
