@@ -26,6 +26,9 @@ array                                   list
                                         cell's binding, such as the shipped weights),
                                         kept by the kernel under number n
 ``{"$c": n}``                           that constant again, without its bytes
+``{"$lent": [n, type, methods, attrs]}``  an object the tests keep and lend to the learner's
+                                        code: in the kernel a stand-in whose methods call
+                                        back to the tests' side (``testkit.lend``)
 =====================================  ==============================================
 
 The decoder builds only the types in the table: an ``int`` subclass with an ``__eq__``
@@ -43,6 +46,19 @@ import sys
 
 MAX_DEPTH = 64
 MAX_MESSAGE_BYTES = 256 * 2**20
+# The most elements (lists, dicts, sets and the items in them) one message may hold. Parsing
+# costs ~60 bytes of memory per element and decoding as much again, so the 256 MB cap alone
+# let a reply of nested empty lists ("[[],[],...": three characters an element) grow the
+# worker ~50x its size. The largest reply grading the solutions sees holds ~6,000 (the
+# serving tests' traces; tensors and arrays cross as one base64 string each, not elements):
+# a million is 150 times that, and costs at most ~120 MB to build.
+MAX_ELEMENTS = 1_000_000
+# The most dict keys and set items one message may hold (the largest seen: ~1,500), and the
+# most distinct ones that may share one hash: inserting n keys of one hash costs n**2/2
+# comparisons (250,000 multiples of 2**61-1, which all hash to 0, took minutes). Real data
+# has few: -1 and -2 share a hash by CPython's rule, and so does a number and its float.
+MAX_HASHED_KEYS = 100_000
+MAX_SAME_HASH = 16
 # The classes whose objects may cross as their fields (``$o``), by the module that defines
 # them: the course's own data, found by grading every assignment's solution and recording
 # what the tests lend and receive (workload specs, traces, SLOs, cost models, engine and
@@ -212,41 +228,103 @@ class Encoder:
         return json.dumps(self.encode(obj), separators=(",", ":"))
 
 
-class Decoder:
-    """Turn JSON nodes back into values; ``on_handle`` and ``on_object`` build references."""
+def _too_many_elements() -> WireError:
+    return WireError(f"a message with more than {MAX_ELEMENTS:,} elements (lists, dicts, "
+                     "sets and their items): return a tensor or an array for bulk data (it "
+                     "crosses as bytes), or a smaller value")
 
-    def __init__(self, on_handle, on_object=None, on_tag=None, on_constant=None):
+
+def count_elements(text: str) -> int:
+    """An upper bound on the containers and items ``text`` parses into, counted without
+    parsing: every one starts with '[' or '{' or follows a ','. Commas inside strings count
+    too (base64 payloads have none), which only errs on the safe side."""
+    return text.count("[") + text.count("{") + text.count(",")
+
+
+def parse(text: str):
+    """``json.loads(text)`` within the message budgets: the size, then the elements, counted
+    before anything is built (see MAX_ELEMENTS)."""
+    if len(text) > MAX_MESSAGE_BYTES:
+        raise WireError(f"a message over {MAX_MESSAGE_BYTES // 2**20} MB")
+    if count_elements(text) > MAX_ELEMENTS:
+        raise _too_many_elements()
+    return json.loads(text)
+
+
+def _check_hashes(keys: list) -> None:
+    """Refuse many keys with one hash before a dict or set is built from them. The keys of
+    an encoded dict or set are distinct (equal keys are one key), so counting hashes counts
+    distinct keys, and telling them apart (a set of them) would be the quadratic work itself."""
+    if len(keys) <= MAX_SAME_HASH:
+        return
+    for _, n in collections.Counter(map(hash, keys)).most_common(1):
+        if n > MAX_SAME_HASH:
+            raise WireError(f"a message whose dict keys or set items include more than "
+                            f"{MAX_SAME_HASH} values that share one hash (building it would "
+                            "take quadratic time): use other keys, or a list")
+
+
+class Decoder:
+    """Turn JSON nodes back into values; ``on_handle`` and ``on_object`` build references.
+
+    One message (``loads``, or a top-level ``decode``) is held to MAX_ELEMENTS elements and
+    MAX_HASHED_KEYS dict keys and set items, whichever end decodes it."""
+
+    def __init__(self, on_handle, on_object=None, on_tag=None, on_constant=None, on_lent=None):
         self.on_handle, self.on_object, self.on_tag = on_handle, on_object, on_tag
         self.on_constant = on_constant  # (n, tensor or None) -> the kernel's kept constant
+        self.on_lent = on_lent  # [n, type, methods, attributes] -> the kernel's stand-in
+        self._elements = self._keys = 0
 
     def loads(self, text: str):
-        if len(text) > MAX_MESSAGE_BYTES:
-            raise WireError(f"a message over {MAX_MESSAGE_BYTES // 2**20} MB")
         try:
-            return self.decode(json.loads(text))
+            return self.decode(parse(text))
         except (RecursionError, ValueError, TypeError, KeyError, IndexError) as e:
             if isinstance(e, WireError):
                 raise
             raise WireError(f"malformed message ({type(e).__name__})") from None
 
+    def _spend(self, n: int) -> None:
+        self._elements += n
+        if self._elements > MAX_ELEMENTS:
+            raise _too_many_elements()
+
+    def _keyed(self, body: list) -> None:
+        """Count a dict's or set's keys against the budget before decoding any of them."""
+        self._keys += len(body)
+        if self._keys > MAX_HASHED_KEYS:
+            raise WireError(f"a message with more than {MAX_HASHED_KEYS:,} dict keys and set "
+                            "items: return a list, a tensor or an array instead")
+
     def decode(self, node, depth: int = 0):
+        if depth == 0:
+            self._elements = self._keys = 0
         if depth > MAX_DEPTH:
             raise WireError(f"a value nested deeper than {MAX_DEPTH} levels")
         t = type(node)
         if node is None or t in (bool, int, float, str):
             return node
+        self._spend(len(node) + 1 if t in (list, dict) else 1)
         if t is list:
             return [self.decode(x, depth + 1) for x in node]
         if t is not dict or len(node) != 1:
             raise WireError("malformed message (unknown node)")
         (tag, body), = node.items()
         d = depth + 1
+        if type(body) is list:
+            self._spend(len(body))
         if tag == "$t":
             return tuple(self.decode(x, d) for x in body)
         if tag == "$d":
-            return {self.decode(k, d): self.decode(v, d) for k, v in body}
+            self._keyed(body)
+            pairs = [(self.decode(k, d), self.decode(v, d)) for k, v in body]
+            _check_hashes([k for k, _ in pairs])
+            return dict(pairs)
         if tag == "$set":
-            return {self.decode(x, d) for x in body}
+            self._keyed(body)
+            items = [self.decode(x, d) for x in body]
+            _check_hashes(items)
+            return set(items)
         if tag == "$deque":
             return collections.deque(self.decode(x, d) for x in body)
         if tag == "$b":
@@ -284,6 +362,8 @@ class Decoder:
             return self.on_constant(int(body[0]), value)
         if tag == "$c" and self.on_constant is not None:
             return self.on_constant(int(body), None)
+        if tag == "$lent" and self.on_lent is not None:
+            return self.on_lent(body)
         raise WireError(f"malformed message (node {str(tag)[:20]!r})")
 
 

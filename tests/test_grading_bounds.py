@@ -117,12 +117,10 @@ def test_collect_warnings_name_files_escaped(tmp_path):
                                   "tinyserve.workload:EngineConfig",  # an import, not its home
                                   "tinyserve.model:TinyLlama", "autograder.build_checks:_Unavailable"])
 def test_a_reply_naming_a_class_off_the_list_is_refused(path):
-    from autograder.channel import Channel
-    ch = Channel(lambda request, timeout: None)
-    node = json.dumps({"ok": {"$o": [path, {"$d": []}, 0]}})
-    with pytest.raises(Exception) as info:
-        ch._answer(node)
-    assert "cannot cross the channel" in str(info.value)
+    from autograder.wire import Decoder, WireError, allowed_class, rebuild
+    decoder = Decoder(lambda *a: None, on_object=lambda p, f, _: rebuild(allowed_class(p), f))
+    with pytest.raises(WireError, match="cannot cross the channel"):
+        decoder.loads(json.dumps({"$o": [path, {"$d": []}, 0]}))
 
 
 def test_every_class_on_the_list_is_a_course_data_class():
@@ -159,3 +157,110 @@ def test_listed_objects_still_cross_both_ways_and_others_do_not():
     assert object_fields(_Path("/etc")) is None
     from tinyserve.engine import Engine
     assert object_fields(object.__new__(Engine)) is None
+
+
+# ------------------------------------------------------------------ (a) the reply budget
+
+def _decoder():
+    from autograder.wire import Decoder
+    return Decoder(lambda *a: None)
+
+
+def test_a_reply_of_nested_empty_lists_is_refused_before_parsing():
+    import tracemalloc
+
+    from autograder.wire import MAX_ELEMENTS, WireError
+    text = "[" + ",".join(["[[],[]]"] * (MAX_ELEMENTS // 2)) + "]"   # ~3.5 MB, ~2.5M nodes
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError, match=f"more than {MAX_ELEMENTS:,} elements"):
+            _decoder().loads(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak   # refused from a count of the text: nothing was built
+
+
+def test_forty_megabytes_of_empty_lists_cost_no_memory_and_little_time():
+    import time
+    import tracemalloc
+
+    from autograder.wire import WireError
+    text = "[" + ",".join(["[]"] * (40 * 2**20 // 3)) + "]"
+    tracemalloc.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(WireError):
+            _decoder().loads(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20 and time.monotonic() - start < 2
+
+
+def test_an_already_parsed_reply_is_held_to_the_same_budget():
+    from autograder.wire import MAX_ELEMENTS, WireError
+    with pytest.raises(WireError, match="elements"):
+        _decoder().decode([[0, 0]] * (MAX_ELEMENTS // 2))
+
+
+@pytest.mark.parametrize("tag", ["$set", "$d"])
+@pytest.mark.parametrize("n", [50_000, 250_000])
+def test_keys_that_all_hash_alike_are_refused_in_linear_time(tag, n):
+    import time
+
+    from autograder.wire import MAX_HASHED_KEYS, WireError
+    keys = [i * (2**61 - 1) for i in range(1, n + 1)]   # all hash to 0
+    body = keys if tag == "$set" else [[k, 0] for k in keys]
+    text = json.dumps({tag: body})
+    start = time.monotonic()
+    with pytest.raises(WireError, match="share one hash" if n <= MAX_HASHED_KEYS
+                       else "dict keys and set items"):
+        _decoder().loads(text)
+    assert time.monotonic() - start < 2   # quadratic insertion took minutes
+
+
+def test_too_many_hashed_keys_in_one_reply_are_refused():
+    from autograder.wire import MAX_HASHED_KEYS, WireError
+    half = MAX_HASHED_KEYS // 2 + 1
+    text = json.dumps([{"$set": list(range(half))}, {"$d": [[i, 0] for i in range(half)]}])
+    with pytest.raises(WireError, match=f"more than {MAX_HASHED_KEYS:,} dict keys"):
+        _decoder().loads(text)
+
+
+def test_real_answers_fit_the_budget():
+    import torch
+
+    from autograder.wire import Encoder
+    value = {"tokens": list(range(200_000)), "counts": {i: i % 7 for i in range(50_000)},
+             "seen": set(range(-1000, 1000)) | {-1, -2},   # -1 and -2 share a hash
+             "logits": torch.randn(64, 4096), "traces": [(i, 0.5, "ok") for i in range(5000)]}
+    text = Encoder(lambda obj, depth: None).dumps(value)
+    got = _decoder().loads(text)
+    assert got["counts"] == value["counts"] and got["seen"] == value["seen"]
+    assert torch.equal(got["logits"], value["logits"]) and len(got["tokens"]) == 200_000
+
+
+@pytest.mark.xfail(strict=True, reason="autograder/channel.py (_reply_kind) still parses a "
+                   "reply with json.loads: it must use autograder.wire.parse (the lead's file; "
+                   "remove this mark when it does)")
+def test_a_reply_through_the_channel_is_counted_before_it_is_parsed():
+    import tracemalloc
+
+    from autograder.channel import Channel
+    from autograder.wire import WireError
+    lists = ",".join(["[]"] * (4 * 2**20 // 3))
+
+    def kernel(request, timeout):
+        if request is None:
+            return None
+        return f'{{"id":{json.loads(request).get("id", 0)},"ok":[{lists}]}}'
+    ch = Channel(kernel)
+    tracemalloc.start()
+    try:
+        with pytest.raises(WireError):
+            ch.request("name", name="answer")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20, peak
