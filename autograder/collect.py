@@ -3,10 +3,12 @@
 LMS exports often wrap that layout in one or more extra folders, so we look for the
 ASSIGNMENT folder at any depth and take the folder above it as the student. Paths are
 checked (no ``..``, no absolute names, no links) and sizes capped, since a zip is as
-untrusted as the notebooks in it.
+untrusted as the notebooks in it. A file over the cap is left out, not the student: the
+collection records why (``collect_notes``), and grading reports it in the student's grades.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import time
 import zipfile
@@ -31,13 +33,14 @@ def collect(course: Course, assignment: str, source: Path) -> tuple[list[str], l
     if not source.exists():
         raise CourseError(f"{source} does not exist")
     entries = list(_zip_entries(source) if source.is_file() else _folder_entries(source))
-    by_student, warnings = _group(entries, assignment)
+    by_student, warnings, skipped = _group(entries, assignment)
     if not by_student:
         raise CourseError(f"no submissions for {assignment} found in {source}; expected "
                           f"STUDENT/{assignment}/NOTEBOOK.ipynb")
     collected = []
     for student, files in sorted(by_student.items()):
-        problem = _collect_one(course.submitted / student / assignment, files)
+        problem = _collect_one(course.submitted / student / assignment, files,
+                               skipped.get(student, []))
         if problem:
             warnings.append(f"{student}: not collected ({problem}); the previous collection, "
                             "if any, is kept")
@@ -46,12 +49,15 @@ def collect(course: Course, assignment: str, source: Path) -> tuple[list[str], l
     return collected, warnings
 
 
-def _group(entries, assignment: str) -> tuple[dict[str, list], list[str]]:
-    """Files per student. The student is the folder above the *outermost* folder named like
+def _group(entries, assignment: str
+           ) -> tuple[dict[str, list], list[str], dict[str, list[str]]]:
+    """Files per student, warnings, and per student the files left out (over the size cap),
+    said for the student. The student is the folder above the *outermost* folder named like
     the assignment, so a nested copy inside one upload (ben/mini/ann/mini/...) stays ben's
     and cannot replace ann's; a student found under two different paths keeps the shallower
     one, and the other is reported."""
     by_student: dict[str, list[tuple[PurePosixPath, object, int]]] = {}
+    skipped: dict[str, list[str]] = {}
     where: dict[str, tuple[str, ...]] = {}
     warnings: list[str] = []
     for parts, opener, size in entries:
@@ -72,20 +78,53 @@ def _group(entries, assignment: str) -> tuple[dict[str, list], list[str]]:
             warnings.append(f"{student}: also found under {shown('/'.join(drop))[:200]}; "
                             f"collected from {shown('/'.join(keep))[:200]} only")
             if keep != where[student]:
-                by_student[student], where[student] = [], keep
+                by_student[student], skipped[student], where[student] = [], [], keep
             if prefix != keep:
                 continue
         where[student] = prefix
-        if size > MAX_FILE_MB * 2**20:
+        files = by_student.setdefault(student, [])  # collected even if every file is skipped,
+        if size > MAX_FILE_MB * 2**20:              # so grading says why, in the grades
             warnings.append(f"{student}: skipped {shown(rel)[:200]} "
                             f"({size / 2**20:.0f} MB > {MAX_FILE_MB} MB)")
+            skipped.setdefault(student, []).append(_over_cap(rel, size))
             continue
-        by_student.setdefault(student, []).append((rel, opener, size))
-    return by_student, list(dict.fromkeys(warnings))
+        files.append((rel, opener, size))
+    return by_student, list(dict.fromkeys(warnings)), skipped
 
 
-def _collect_one(dest: Path, files: list) -> str:
-    """Copy one student's files into place; '' on success, else the reason it failed."""
+def _over_cap(rel: PurePosixPath, size: int) -> str:
+    """What the student reads about a file collect left out for its size."""
+    return (f"{shown(rel)[:200]} was not collected: it is {size / 2**20:.0f} MB, over the "
+            f"{MAX_FILE_MB} MB limit per file; clear its outputs (Edit > Clear All Outputs), "
+            "save, and submit again")
+
+
+def notes_path(dest: Path) -> Path:
+    """Where collect leaves what it left out of one collection, for grading to report: beside
+    the folder, like the timestamp, so the folder holds only what the student submitted."""
+    return dest.parent / f".{dest.name}.not-collected.json"
+
+
+def collect_notes(dest: Path) -> list[str]:
+    """What collect left out of the collection at ``dest`` (empty when nothing)."""
+    try:
+        notes = json.loads(notes_path(dest).read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(n) for n in notes] if isinstance(notes, list) else []
+
+
+def _write_notes(dest: Path, notes: list[str]) -> None:
+    path = notes_path(dest)
+    if notes:
+        path.write_text(json.dumps(notes))
+    else:
+        path.unlink(missing_ok=True)   # a later good collection leaves no stale note
+
+
+def _collect_one(dest: Path, files: list, notes: list[str]) -> str:
+    """Copy one student's files into place and record ``notes`` (files left out) beside
+    them; '' on success, else the reason it failed."""
     partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     total = 0
@@ -106,6 +145,7 @@ def _collect_one(dest: Path, files: list) -> str:
         shutil.rmtree(dest)  # the latest good collection replaces the previous one
     partial.rename(dest)
     _write_timestamp(dest)
+    _write_notes(dest, notes)
     return ""
 
 

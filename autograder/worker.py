@@ -19,6 +19,7 @@ from pathlib import Path
 
 import nbformat
 
+from .collect import collect_notes
 from .course import Course, grader_template, shown, write_json
 from .execute import Plan, RunReport, run_notebook
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
@@ -53,7 +54,8 @@ def grade(job: Job) -> dict:
               "graded_at": started}
     expected = course.notebooks(job.assignment)
     found, notes = locate_notebooks(sub_dir, expected, course.support_files(job.assignment))
-    result["reasons"].extend(notes)
+    result["reasons"].extend(collect_notes(sub_dir) + notes)  # collect's first: a notebook
+    # over its size cap was left out there, and is "missing" here
     out_dir = course.autograded / job.student / job.assignment
     if out_dir.exists():
         shutil.rmtree(out_dir)  # re-grading replaces the previous autograded copy

@@ -106,7 +106,7 @@ def test_extra_file_names_and_unknown_grade_ids_are_noted_escaped(tmp_path):
 def test_collect_warnings_name_files_escaped(tmp_path):
     from autograder.collect import MAX_FILE_MB, _group
     rel = ("ann", "mini", f"big{ESCAPES}.bin")
-    _, warnings = _group([(rel, None, (MAX_FILE_MB + 1) * 2**20)], "mini")
+    _, warnings, _ = _group([(rel, None, (MAX_FILE_MB + 1) * 2**20)], "mini")
     assert warnings and not any(map(_has_control, warnings))
 
 
@@ -264,3 +264,45 @@ def test_a_reply_through_the_channel_is_counted_before_it_is_parsed():
     finally:
         tracemalloc.stop()
     assert peak < 2**20, peak
+
+
+# ------------------------------------------------------------------ (f) over the collect cap
+
+def test_a_notebook_over_the_collect_cap_is_graded_failed_with_the_reason(tmp_path, monkeypatch):
+    import shutil
+
+    from autograder import collect as collect_mod
+    from autograder.course import Course
+    from autograder.report import export
+    from autograder.worker import Job, grade
+    fixture = Path(__file__).parent / "fixtures" / "mini_assignment" / "mini"
+    course = Course(tmp_path / "course")
+    shutil.copytree(fixture, course.source / "mini")
+    shutil.copytree(fixture, course.release / "mini")   # stands in for the released copy
+    monkeypatch.setattr(collect_mod, "MAX_FILE_MB", 1)  # a 2 MB notebook is over the cap
+    upload = tmp_path / "upload"
+    (upload / "ann" / "mini").mkdir(parents=True)
+    (upload / "ann" / "mini" / "mini.ipynb").write_text(" " * (2 * 2**20))
+    (upload / "ben" / "mini").mkdir(parents=True)
+    (upload / "ben" / "mini" / "mini.ipynb").write_text("{}")
+    students, warnings = collect_mod.collect(course, "mini", upload)
+    assert students == ["ann", "ben"] and any("ann" in w and "1 MB" in w for w in warnings)
+    result = grade(Job(root=str(course.root), assignment="mini", student="ann", unsafe=True))
+    assert result["status"] == "failed"
+    why = "; ".join(result["reasons"])
+    assert "mini.ipynb was not collected" in why and "over the 1 MB limit" in why
+    assert "clear its outputs" in why
+    # A later collection without the problem leaves no stale note behind.
+    (upload / "ann" / "mini" / "mini.ipynb").write_text("{}")
+    collect_mod.collect(course, "mini", upload)
+    assert collect_mod.collect_notes(course.submitted / "ann" / "mini") == []
+    # And the student is in the grades with that reason.
+    (upload / "ann" / "mini" / "mini.ipynb").write_text(" " * (2 * 2**20))
+    collect_mod.collect(course, "mini", upload)
+    (course.results / "mini").mkdir(parents=True)
+    result = grade(Job(root=str(course.root), assignment="mini", student="ann", unsafe=True))
+    (course.results / "mini" / "ann.json").write_text(json.dumps(result))
+    out = course.work / "grades.csv"
+    export(course, ["mini"], out)
+    rows = {r["student"]: r for r in __import__("csv").DictReader(open(out))}
+    assert rows["ann"]["status"] == "failed" and "over the 1 MB limit" in rows["ann"]["reason"]
