@@ -25,6 +25,9 @@ from .sandbox import sandbox_available
 from .worker import Job
 
 KEEP_BACKUPS = 30
+# The worker enforces the notebook time limit itself; the coordinator's backstop kills it this
+# long after that limit (start-up, several notebooks, writing the result).
+BACKSTOP_GRACE_S = 120
 # The worker runs the tests (trusted side) as the kernel runs the answers: on the CPU, one
 # thread each, so references and answers are computed alike and workers do not oversubscribe.
 WORKER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TINYSERVE_DEVICE": "cpu"}
@@ -129,19 +132,19 @@ def run_jobs(jobs: list[Job], workers: int, *, progress: bool = True,
                 job_path, out_path = tmp / f"{i}.job.json", tmp / f"{i}.result.json"
                 job_path.write_text(json.dumps(asdict(job)))
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "autograder.worker", str(job_path), str(out_path)],
+                    worker_command(job_path, out_path),
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     start_new_session=True, env=WORKER_ENV)
-                # The worker enforces the notebook limit itself; this is the backstop.
-                deadline = time.monotonic() + job.total_timeout + 120
+                deadline = time.monotonic() + job.total_timeout + BACKSTOP_GRACE_S
                 running[i] = (proc, job, out_path, deadline, job.slot)
             time.sleep(0.05)
             for i, (proc, job, out_path, deadline, slot) in list(running.items()):
                 if proc.poll() is None and time.monotonic() < deadline:
                     continue
-                if proc.poll() is None:
+                stopped = proc.poll() is None
+                if stopped:
                     _kill_group(proc)
-                result = _read_result(out_path, job, proc)
+                result = _read_result(out_path, job, proc, stopped)
                 results[i] = result
                 del running[i]
                 free_slots.append(slot)
@@ -165,14 +168,40 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _read_result(path: Path, job: Job, proc: subprocess.Popen) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"student": job.student, "assignment": job.assignment, "status": "failed",
-                "score": 0.0, "max_score": 0.0, "flags": [], "notebooks": {},
-                "reasons": [f"the grader process stopped without a result "
-                            f"(exit code {proc.returncode}); the submission was not graded"]}
+def worker_command(job_path: Path, out_path: Path) -> list[str]:
+    return [sys.executable, "-m", "autograder.worker", str(job_path), str(out_path)]
+
+
+def _read_result(path: Path, job: Job, proc: subprocess.Popen, stopped: bool = False) -> dict:
+    """The worker's record, or, when it left none, a failed one saying what happened (the
+    feedback page and the grades show it: report.feedback writes a page for it too)."""
+    if not stopped:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    return {"student": job.student, "assignment": job.assignment, "status": "failed",
+            "score": 0.0, "max_score": 0.0, "flags": [], "notebooks": {},
+            "reasons": [_why_no_result(job, proc.returncode, stopped)]}
+
+
+def _why_no_result(job: Job, code: int | None, stopped: bool) -> str:
+    """Why a worker left no result, for the student and the instructor."""
+    import signal
+    again = ("the submission was not graded; your instructor can grade it again "
+             f"(`python -m autograder autograde {job.assignment} --student {job.student}`)")
+    if stopped:
+        limit = job.total_timeout + BACKSTOP_GRACE_S
+        return (f"grading was stopped after {limit:g} s by the grader's backstop (the limit "
+                f"per notebook is {job.total_timeout:g} s): {again}")
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = {"SIGKILL": " (out of memory?)", "SIGXCPU": " (its CPU time limit)"}.get(name, "")
+        return f"the grader process was killed by {name}{hint} without a result: {again}"
+    return f"the grader process stopped without a result (exit code {code}): {again}"
 
 
 def record_result(course: Course, result: dict) -> None:

@@ -124,7 +124,7 @@ def feedback(course: Course, assignment: str, students: list[str] | None = None)
             continue
         folder = course.feedback / student / assignment
         folder.mkdir(parents=True, exist_ok=True)
-        for nb_name, nb in r.get("notebooks", {}).items():
+        for nb_name, nb in _pages(course, assignment, r).items():
             if nb_name not in schemes:
                 schemes[nb_name] = _schemes_of(course, assignment, nb_name)
             page = render(student, assignment, nb_name, r, nb, scores.get(student, {}),
@@ -133,6 +133,16 @@ def feedback(course: Course, assignment: str, students: list[str] | None = None)
             path.write_text(shown(page, lines=True), encoding="utf-8")
             written.append(path)
     return written
+
+
+def _pages(course: Course, assignment: str, r: dict) -> dict[str, dict]:
+    """The notebooks of a record to write pages for. A job that failed before any notebook
+    was graded (the worker crashed, or was stopped) still gets a page per notebook, with no
+    tests and the reasons: the student learns what happened instead of finding nothing."""
+    graded = r.get("notebooks") or {}
+    if graded:
+        return graded
+    return {name: {"tests": []} for name in course.notebooks(assignment)}
 
 
 def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: dict,
@@ -169,6 +179,8 @@ def render(student: str, assignment: str, nb_name: str, r: dict, nb: dict, gb: d
     provisional = (f" (provisional: answers awaiting manual grading: {_num(pending):g} "
                    f"point{'s' if pending != 1 else ''})" if pending else "")
     title = assignment if nb_name == assignment else f"{assignment} / {nb_name}"
+    score_line = (f"Score: <b>{_num(total)} / {_num(max_total)}</b>{e(provisional)}."
+                  if nb.get("tests") else "Not graded: see the notes.")
     status = {"graded": "Graded", "flagged": "Held for review by your instructor",
               "failed": "Could not be graded"}[r["status"]]
     return f"""<!DOCTYPE html>
@@ -179,7 +191,7 @@ td,th{{border-bottom:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-a
 .scheme pre{{white-space:pre-wrap;margin:.3em 0}}</style></head><body>
 <h1>{e(title)}</h1>
 <p>Student: <b>{e(student)}</b>. Status: <b>{e(status)}</b>.
-Score: <b>{_num(total)} / {_num(max_total)}</b>{e(provisional)}.</p>
+{score_line}</p>
 {"<p>Notes: " + e("; ".join(notes)) + "</p>" if notes else ""}
 <table><tr><th>Test</th><th>Kind</th><th>Points</th><th>Result</th><th>Message</th></tr>
 {chr(10).join(rows)}

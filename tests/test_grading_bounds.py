@@ -306,3 +306,43 @@ def test_a_notebook_over_the_collect_cap_is_graded_failed_with_the_reason(tmp_pa
     export(course, ["mini"], out)
     rows = {r["student"]: r for r in __import__("csv").DictReader(open(out))}
     assert rows["ann"]["status"] == "failed" and "over the 1 MB limit" in rows["ann"]["reason"]
+
+
+# ------------------------------------------------------------------ (c) a failed job's page
+
+def _job(tmp_path: Path, **kw):
+    from autograder.worker import Job
+    return Job(root=str(tmp_path), assignment="mini", student="ann", **kw)
+
+
+@pytest.mark.parametrize("script, backstop, expect", [
+    ("import time; time.sleep(60)", True, "was stopped after"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", False, "SIGKILL"),
+    ("raise SystemExit(3)", False, "exit code 3"),
+])
+def test_a_worker_that_dies_or_is_stopped_leaves_a_record_saying_how(tmp_path, monkeypatch,
+                                                                     script, backstop, expect):
+    import sys
+
+    from autograder import grade as grade_mod
+    monkeypatch.setattr(grade_mod, "worker_command",
+                        lambda job_path, out_path: [sys.executable, "-c", script])
+    monkeypatch.setattr(grade_mod, "BACKSTOP_GRACE_S", 0.5 - 60)
+    [result] = grade_mod.run_jobs([_job(tmp_path, total_timeout=60)], 1, progress=False)
+    why = "; ".join(result["reasons"])
+    assert result["status"] == "failed" and expect in why, why
+    assert ("backstop" in why) == backstop
+
+
+def test_a_failed_job_still_gets_a_feedback_page_saying_what_happened(tmp_path):
+    from autograder.report import feedback
+    course = _course(tmp_path)
+    record = {"student": "ann", "assignment": "mini", "status": "failed", "score": 0.0,
+              "max_score": 0.0, "flags": [], "notebooks": {},
+              "reasons": ["grading was stopped after 720 s (the grader's backstop)"]}
+    (course.results / "mini").mkdir(parents=True)
+    (course.results / "mini" / "ann.json").write_text(json.dumps(record))
+    [page] = feedback(course, "mini")
+    assert page.name == "mini.html"
+    html = page.read_text()
+    assert "Could not be graded" in html and "backstop" in html and "Score" not in html
