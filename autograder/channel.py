@@ -45,11 +45,22 @@ Constants
 
 How names resolve
     The test namespace holds what the read-only cells bind (they run here *and* in the
-    kernel, so the student's code sees them too) and what test cells bind. A name the tests
-    use that is not there is looked up in the kernel: data comes back as a value, anything
-    else as a ``Remote`` (calling it, reading an attribute, indexing it: one request each).
-    Names the trusted cells bind are never replaced by the student's, and values fetched from
-    the kernel are dropped after every student cell, so a test always sees the latest answer.
+    kernel, so the student's code sees them too, and here whatever they did there) and what
+    test cells bind. A name the tests use that is not there is looked up in the kernel, unless
+    one of the assignment's own cells binds it (``TestNamespace.template_names``: then the
+    cell that binds it failed, and the test fails saying so): data comes back as a value,
+    anything else as a ``Remote`` (calling it, reading an attribute, indexing it: one request
+    each). Names the trusted cells bind are never replaced by the student's, and values
+    fetched from the kernel are dropped after every student cell, so a test always sees the
+    latest answer.
+
+Requests, replies and calls back
+    Every request carries an id, echoed by its reply: a prompt without it (the student's own
+    ``input()``) is answered with an empty line, a reply with another id (stale) gets the
+    request again, so the channel never falls one reply behind. An object the tests lend the
+    student's code (``testkit.lend``) crosses as a stand-in; calling one of its lent methods
+    in the kernel sends a ``{"cb": ...}`` prompt, which the runner serves from the real
+    object (data arguments only) before it reads on for the request's reply.
 
 Why a submission cannot forge a verdict
     A verdict is the outcome of a test cell run *here*: passed when the cell finishes
@@ -200,11 +211,28 @@ class Channel:
         self._tags: dict[int, object] = {}
         self.constants = Constants()
         self.read_only: set[int] = set()   # ids of what read-only cells bound: never written
+        self._lent: dict[int, tuple] = {}        # number -> (object, methods, attributes)
+        self._lent_numbers: dict[int, int] = {}  # id(object) -> number
+        # Arguments of a call back are data only: a handle there would need a request of its
+        # own while the kernel waits for the call back's answer.
+        self._plain = Decoder(_no_handles)
         self._encoder = Encoder(self._encode_other, on_tensor=self.constants.node)
         self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
     # encoding ------------------------------------------------------------------------------
+    def lend(self, obj, methods: tuple[str, ...], attributes: tuple[str, ...]):
+        """Lend ``obj`` (kept here) to the learner's code: it crosses as a stand-in whose
+        ``methods`` and ``attributes`` are served from here, one call back each, so what the
+        object counts (its forward passes, say) is counted where the kernel cannot write."""
+        number = self._lent_numbers.setdefault(id(obj), len(self._lent) + 1)
+        self._lent[number] = (obj, frozenset(methods), frozenset(attributes))
+        return obj
+
     def _encode_other(self, obj, depth):
+        number = self._lent_numbers.get(id(obj))
+        if number is not None and self._lent[number][0] is obj:
+            _, methods, attributes = self._lent[number]
+            return {"$lent": [number, type(obj).__name__, sorted(methods), sorted(attributes)]}
         if type(obj) is Remote:
             if obj._ch is not self:
                 raise WireError("a handle from another kernel")
@@ -263,10 +291,15 @@ class Channel:
         rid = self._next_id
         text = self._encode_request(op, fields, rid)
         reply = self._send(text)
-        for _ in range(self.STRAY_LIMIT):
+        strays = 0
+        while strays < self.STRAY_LIMIT:
             kind, msg = _reply_kind(reply, rid)
             if kind == "reply":
                 return msg
+            if kind == "callback":
+                reply = self._send(self._call_back(msg))
+                continue
+            strays += 1
             reply = self._send(text if kind == "stale" else "")
         raise StudentError(f"the kernel answered {self.STRAY_LIMIT} prompts of its own "
                            "instead of the test's request")
@@ -279,6 +312,27 @@ class Channel:
         if type(reply) is not str:
             raise StudentError("the kernel answered with something that is not a reply")
         return reply
+
+    def _call_back(self, msg: dict) -> str:
+        """Serve one call back of the learner's code to a lent object: a method in its
+        ``methods`` or an attribute in its ``attributes``, with data arguments only. Whatever
+        it raises goes back as an error of that type's name, raised in the learner's code."""
+        import json
+        try:
+            number, name, args, kwargs = msg["cb"]
+            obj, methods, attributes = self._lent[int(number)]
+            if args is None and name in attributes:
+                value = getattr(obj, name)
+            elif args is not None and name in methods:
+                args, kwargs = self._plain.decode(args), self._plain.decode(kwargs or {"$d": []})
+                if type(args) is not list or type(kwargs) is not dict:
+                    raise WireError("malformed call back")
+                value = getattr(obj, name)(*args, **kwargs)
+            else:
+                raise AttributeError(f"{name!r} is not lent to your code")
+            return '{"ok":' + self._encoder.dumps(value) + "}"
+        except Exception as e:  # noqa: BLE001 - the learner's call failed: theirs to see
+            return json.dumps({"error": [type(e).__name__, _cap(e)]})
 
     def end(self) -> None:
         """Close the kernel's serving loop (after each trusted cell)."""
@@ -414,10 +468,23 @@ class Constants:
         return len(self._kept)
 
 
+def _no_handles(*_args):
+    raise WireError("a call back's arguments are data only (numbers, lists, tensors ...)")
+
+
 def _reply_kind(text: str, rid: int) -> tuple[str, dict | None]:
-    """("reply", message) for the reply to request ``rid``; ("stale", None) for a reply of
-    the serving loop to another request; ("foreign", None) for any other prompt."""
+    """("reply", message) for the reply to request ``rid``; ("callback", message) for a call
+    of the learner's code to a lent object; ("stale", None) for a reply of the serving loop to
+    another request; ("foreign", None) for any other prompt."""
     import json
+    if text.startswith('{"cb":'):
+        try:
+            msg = json.loads(text) if len(text) <= MAX_MESSAGE_BYTES else None
+        except (ValueError, RecursionError):
+            msg = None
+        if type(msg) is dict and type(msg.get("cb")) is list and len(msg["cb"]) == 4:
+            return "callback", msg
+        return "foreign", None
     if not text.startswith('{"id":'):
         return "foreign", None
     if len(text) > MAX_MESSAGE_BYTES:

@@ -276,5 +276,15 @@ def yours_to_write(obj: object) -> object:
     return _mark(obj)
 
 
+def lend(obj: object, methods: tuple[str, ...], attributes: tuple[str, ...] = ()) -> object:
+    """Lend ``obj`` to the learner's code and keep it: at grading the learner's kernel gets a
+    stand-in whose ``methods`` and ``attributes`` are served by this object, on the tests'
+    side, so what it records (a model's forward passes) is the tests' own count, out of the
+    learner's reach. Elsewhere (a plain run of the notebook) ``obj`` itself. Returns ``obj``."""
+    trusted = _sys.modules.get("autograder.trusted")
+    runner = trusted.current() if trusted is not None else None
+    return obj if runner is None else runner.channel.lend(obj, methods, attributes)
+
+
 # Code objects of the public helpers, to notice when a submission swaps them out.
 _CODE = {f.__name__: f.__code__ for f in (check_close, check_equal, check)}

@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 
 from .collect import collect_notes
-from .course import Course, grader_template, shown, write_json
+from .course import Course, grader_template, hidden_test_lines, shown, write_json
 from .execute import Plan, RunReport, run_notebook
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     sandbox_processes, write_kernelspec
@@ -146,8 +146,38 @@ def grade_notebook(course: Course, job: Job, name: str, path: Path | None,
             res["reasons"].append("the notebook could not be run: " +
                                   ("; ".join(report.events) or "kernel did not start"))
     nb.metadata["autograder"] = {"events": report.events, "seconds": round(report.seconds, 2)}
+    scrub_hidden_lines(nb, hidden_test_lines(course, job.assignment))
     nbformat.write(nb, out_dir / f"{name}.ipynb")
     return res
+
+
+HIDDEN_MARK = "[hidden test line]"
+
+
+def scrub_hidden_lines(nb: nbformat.NotebookNode, secret: set[str]) -> None:
+    """No output of the graded notebook (and so of the feedback made from it) quotes a line of
+    hidden-test or solution source, whatever printed it: the learner's code echoing what it
+    was sent, an error message quoting code, a test's own message."""
+    if not secret:
+        return
+
+    def clean(text):
+        if type(text) is list:
+            return [clean(t) for t in text]
+        if type(text) is not str:
+            return text
+        for line in secret:
+            if line in text:
+                text = text.replace(line, HIDDEN_MARK)
+        return text
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            for key in ("text", "evalue", "traceback"):
+                if key in out:
+                    out[key] = clean(out[key])
+            data = out.get("data") or {}
+            for mime in list(data):
+                data[mime] = clean(data[mime])
 
 
 def score_cells(template: nbformat.NotebookNode) -> list[dict]:

@@ -169,3 +169,54 @@ def test_a_pasted_copy_of_the_reference_is_recognised():
     source = "def f(x):\n" + "\n".join(f"    {line}" for line in code)
     assert copied_lines(source, frozenset(_REFERENCE_LINES))
     assert not copied_lines(OWN, frozenset(_REFERENCE_LINES))
+
+
+def test_a_lent_object_counts_on_the_tests_side_what_the_learners_code_does(in_process,
+                                                                            monkeypatch):
+    """The learner's code gets a stand-in: its methods and attributes are served here, one
+    call back each, and it cannot be written; the tests read the real object's count."""
+    from autograder import agent
+    student, runner = in_process
+    # In this process a call back goes straight to the runner (over jupyter it is one more
+    # prompt and input reply inside the running request).
+    monkeypatch.setattr(agent, "_ask", lambda text: runner.channel._call_back(json.loads(text)))
+    exec("def use(model):\n    out = [model.feed([1, 2]), model.feed([3]), model.length]\n"
+         "    try:\n        model.passes = 1\n    except AttributeError as e:\n"
+         "        out.append(str(e))\n    return out", student)
+    runner.run_setup(_cell("class Model:\n    def __init__(self):\n        self.passes, self.length = 0, 0\n"
+                           "    def feed(self, tokens):\n        self.passes += 1\n"
+                           "        self.length += len(tokens)\n        return sum(tokens)\n"
+                           "    def secret(self):\n        return 'no'"), "setup")
+    result = runner.run_test(_cell("from autograder.testkit import lend\n"
+                                   "m = lend(Model(), ('feed',), ('length',))\n"
+                                   "got = use(m)"), "t", 30)
+    assert result.status == "ok", result
+    ns = runner.ns
+    assert ns["got"][:3] == [3, 3, 3] and "cannot be set" in ns["got"][3]
+    assert ns["m"].passes == 2                 # counted here, by the tests' own object
+    exec("def peek(model):\n    return model.secret()", student)
+    result = runner.run_test(_cell("peek(m)"), "t2", 30)
+    assert result.status == "error" and "has no 'secret'" in result.evalue
+
+
+# ------------------------------------------------------------------ item 6: hidden lines
+
+def test_no_output_of_a_graded_notebook_quotes_hidden_test_source():
+    import nbformat
+
+    from autograder.worker import HIDDEN_MARK, scrub_hidden_lines
+    secret = {"check_equal(double(21), 42, name='double hidden')"}
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout",
+                               text="echo: check_equal(double(21), 42, name='double hidden')\n"),
+        nbformat.v4.new_output("error", ename="E", evalue="at check_equal(double(21), 42, "
+                               "name='double hidden')", traceback=["a", "check_equal(double(21), "
+                                                                   "42, name='double hidden')"]),
+        nbformat.v4.new_output("display_data", data={"text/plain": "check_equal(double(21), 42, "
+                                                                   "name='double hidden')"})]
+    nb.cells.append(cell)
+    scrub_hidden_lines(nb, secret)
+    text = json.dumps(nb)
+    assert "double hidden" not in text and text.count(HIDDEN_MARK) == 4
