@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import ast
 import builtins
-import symtable
+import textwrap
 import types
 from collections.abc import Mapping
 
-from .scan import to_python
+from .scan import global_names, to_python
 
 REFERENCE = "tinyserve"
 # Names that reach other names at run time: code that uses them cannot be read for what it
@@ -171,23 +171,8 @@ def _global_reads(node: ast.AST, text: str) -> set[str]:
         # A module-level statement: what it reads is global, except what it binds itself
         # before reading (too fine to matter here: it binds the names it is followed for).
         segment = ast.unparse(node)
-    try:
-        table = symtable.symtable(_dedent(segment), "<piece>", "exec")
-    except SyntaxError:
-        return set()
-    names = {s.get_name() for s in table.get_symbols() if s.is_referenced()}
-    todo = list(table.get_children())
-    while todo:
-        child = todo.pop()
-        todo.extend(child.get_children())
-        names.update(s.get_name() for s in child.get_symbols()
-                     if s.is_global() and s.is_referenced())
-    return names
-
-
-def _dedent(segment: str) -> str:
-    import textwrap
-    return textwrap.dedent(segment)
+    return global_names(textwrap.dedent(segment), lambda s: s.is_referenced(),
+                        lambda s: s.is_global() and s.is_referenced())
 
 
 def copied_lines(source: str, reference_lines: frozenset[str]) -> list[str]:

@@ -269,18 +269,25 @@ def names_a_cell_binds(source: str) -> set[str]:
     an ``if``/``for``/``with``/``try`` block, a ``for`` target, a walrus, or a ``global``
     statement in a function. The trusted runner never fetches these from the kernel: a name
     the assignment's own cells bind is the tests', even when the cell that binds it failed."""
+    return global_names(to_python(source),
+                        lambda s: s.is_assigned() or s.is_imported() or s.is_namespace(),
+                        lambda s: s.is_declared_global() and s.is_assigned())
+
+
+def global_names(code: str, at_top, inside) -> set[str]:
+    """Names of module scope in ``code`` (symtable's reading): the top scope's symbols for
+    which ``at_top(symbol)`` holds, and the nested scopes' for which ``inside(symbol)`` does.
+    Empty when ``code`` does not parse."""
     import symtable
     try:
-        table = symtable.symtable(to_python(source), "<cell>", "exec")
+        table = symtable.symtable(code, "<cell>", "exec")
     except SyntaxError:
         return set()
-    bound = {s.get_name() for s in table.get_symbols()
-             if s.is_assigned() or s.is_imported() or s.is_namespace()}
+    names = {s.get_name() for s in table.get_symbols() if at_top(s)}
     todo = list(table.get_children())
     while todo:
         child = todo.pop()
         todo.extend(child.get_children())
-        bound.update(s.get_name() for s in child.get_symbols()
-                     if s.is_declared_global() and s.is_assigned())
-    return bound
+        names.update(s.get_name() for s in child.get_symbols() if inside(s))
+    return names
 

@@ -9,24 +9,7 @@ import pytest
 
 from autograder.channel import Channel, TemplateNameUnbound, TestNamespace
 from autograder.scan import names_a_cell_binds
-
-
-class FakeKernel:
-    """Answers requests the way autograder.agent would, from canned replies."""
-
-    def __init__(self, names: dict, replies=None):
-        self.names, self.replies, self.sent = names, replies or {}, []
-
-    def __call__(self, request, timeout):
-        if request is None:
-            return None
-        req = json.loads(request)
-        self.sent.append(req)
-        if req["op"] == "name":
-            reply = self.names.get(req["name"], '{"missing":true}')
-        else:
-            reply = self.replies[req["op"]]
-        return '{"id":%d,%s' % (req["id"], reply[1:])  # replies carry their request's id
+from conftest import FakeKernel
 
 
 def _namespace(kernel, template_names=()) -> TestNamespace:

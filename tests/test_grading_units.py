@@ -21,6 +21,7 @@ from autograder.execute import _output_size
 from autograder.report import export
 from autograder.submission import load
 from autograder.wire import Decoder, Encoder, WireError
+from conftest import FakeKernel
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -73,24 +74,6 @@ def test_malformed_messages_are_refused(text):
 
 
 # ------------------------------------------------------------------ the channel, faked kernel
-
-class FakeKernel:
-    """Answers requests the way autograder.agent would, from canned replies."""
-
-    def __init__(self, names: dict, replies=None):
-        self.names, self.replies, self.sent = names, replies or {}, []
-
-    def __call__(self, request, timeout):
-        if request is None:
-            return None
-        req = json.loads(request)
-        self.sent.append(req)
-        if req["op"] == "name":
-            reply = self.names.get(req["name"], '{"missing":true}')
-        else:
-            reply = self.replies[req["op"]]
-        return '{"id":%d,%s' % (req["id"], reply[1:])  # replies carry their request's id
-
 
 def test_student_names_resolve_late_and_trusted_names_never_change():
     kernel = FakeKernel({"answer": '{"ok":42}', "check_equal": '{"ok":"forged"}'})
