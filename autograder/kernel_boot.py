@@ -31,7 +31,10 @@ _MAX_RECORDS = 200
 def _set_limits(limits: dict) -> None:
     mb = 1024 * 1024
     # (scratch_mb is the tmpfs size, applied by bwrap)
+    # RLIMIT_DATA as well as RLIMIT_AS: the grading worker, this kernel's ancestor, sets a
+    # soft data limit of its own (worker.limit_worker), which must not become the kernel's.
     for res, value in ((resource.RLIMIT_AS, limits["memory_mb"] * mb),
+                       (resource.RLIMIT_DATA, limits["memory_mb"] * mb),
                        (resource.RLIMIT_NPROC, limits["processes"]),
                        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mb),
                        (resource.RLIMIT_CPU, limits["cpu_seconds"]),

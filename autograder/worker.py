@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -28,6 +29,15 @@ from .scan import names_bound, scan_cell
 from .submission import Unreadable, grade_id, is_test, load, merge, nbgrader_meta
 
 
+# The worker holds ~0.5 GB of data while grading the largest assignment (torch, the shipped
+# weights, the tests' references) and the largest reply the wire admits (256 MB of base64)
+# costs ~1.3 GB more while it is decoded: 4 GB holds both, and bounds each worker (one per
+# CPU) to a known share of the host. The kernel's own limit is separate (Limits.memory_mb).
+WORKER_MEMORY_MB = 4096
+# CPU seconds past the notebooks' time limits: start-up, reading and writing the notebooks.
+WORKER_CPU_MARGIN_S = 60
+
+
 @dataclass
 class Job:
     root: str
@@ -43,6 +53,9 @@ class Job:
     tests_in: str = "trusted"
     # Only for the mutants tool: stop at the first failed test (see execute.Plan).
     stop_at_failure: bool = False
+    # The worker's own bounds (see limit_worker); None: the notebooks' time limits + a margin.
+    worker_memory_mb: int = WORKER_MEMORY_MB
+    worker_cpu_seconds: float | None = None
 
 
 def grade(job: Job) -> dict:
@@ -383,18 +396,53 @@ def read_audit(path: Path) -> list[str]:
     return events[:20]
 
 
+def limit_worker(memory_mb: int, cpu_seconds: float) -> None:
+    """Bound this worker's own (trusted-side) work: its data memory and its CPU time.
+
+    Soft limits only; the hard limits stay as they were, because the kernel is this worker's
+    child and inherits both: kernel_boot then sets the sandbox's own (memory, data, CPU time,
+    soft == hard, from ``Limits``), higher or lower than these. RLIMIT_DATA counts heap and
+    anonymous memory, not the ~1 GB of libraries torch maps, so it bounds what replies and
+    tests allocate. Past it an allocation fails (a MemoryError: the test, or the grade,
+    fails with it); past the CPU time the kernel sends SIGXCPU, which ends the worker, and
+    the coordinator records why (``grade._why_no_result``) and the feedback says so."""
+    for res, value in ((resource.RLIMIT_DATA, int(memory_mb) * 2**20),
+                       (resource.RLIMIT_CPU, max(1, int(cpu_seconds)))):
+        _, hard = resource.getrlimit(res)
+        soft = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(res, (soft, hard))
+
+
+def worker_cpu_seconds(job: Job) -> float:
+    """The CPU time a worker may use: the notebooks' time limits (its own work happens while
+    they run) plus a margin, unless the job sets it."""
+    if job.worker_cpu_seconds is not None:
+        return job.worker_cpu_seconds
+    notebooks = len(Course(Path(job.root)).notebooks(job.assignment)) or 1
+    return job.total_timeout * notebooks + WORKER_CPU_MARGIN_S
+
+
+def _internal_error(job: Job, e: Exception) -> str:
+    if isinstance(e, MemoryError):
+        return (f"the grader ran out of memory (its limit: {job.worker_memory_mb} MB) while "
+                "grading this submission (a reply from your code too large?); it was not "
+                "graded")
+    return f"internal grader error: {type(e).__name__}: {e}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from .sandbox import _die_with_parent
     _die_with_parent()  # a coordinator that dies takes its workers, and so their kernels, along
     job = Job(**json.loads(Path(argv[0]).read_text()))
     try:
+        limit_worker(job.worker_memory_mb, worker_cpu_seconds(job))
         result = grade(job)
     except Exception as e:  # a grader bug must still produce a record for this student
         import traceback
         result = {"student": job.student, "assignment": job.assignment, "status": "failed",
                   "score": 0.0, "max_score": 0.0, "flags": [], "notebooks": {},
-                  "reasons": [f"internal grader error: {type(e).__name__}: {e}"],
+                  "reasons": [_internal_error(job, e)],
                   "traceback": traceback.format_exc()}
     write_json(Path(argv[1]), result)
     return 0

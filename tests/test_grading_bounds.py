@@ -346,3 +346,59 @@ def test_a_failed_job_still_gets_a_feedback_page_saying_what_happened(tmp_path):
     assert page.name == "mini.html"
     html = page.read_text()
     assert "Could not be graded" in html and "backstop" in html and "Score" not in html
+
+
+# ------------------------------------------------------------------ (b) the worker's bounds
+
+def _python(code: str, timeout: float = 60):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_a_worker_cannot_grow_past_its_memory_bound_and_its_kernel_keeps_its_own():
+    out = _python(
+        "import resource, subprocess, sys\n"
+        "from autograder.worker import limit_worker\n"
+        "limit_worker(memory_mb=256, cpu_seconds=600)\n"
+        "try:\n"
+        "    bytearray(512 * 2**20)\n"
+        "    print('worker grew')\n"
+        "except MemoryError:\n"
+        "    print('worker bounded')\n"
+        # A child (the kernel) sets the sandbox's limits, larger than the worker's.
+        "child = ('from autograder.kernel_boot import _set_limits\\n'\n"
+        "         '_set_limits({\"memory_mb\": 2048, \"processes\": 4000, \"file_size_mb\": 64,'\n"
+        "         ' \"cpu_seconds\": 300, \"open_files\": 1024})\\n'\n"
+        "         'import resource; x = bytearray(512 * 2**20)\\n'\n"
+        "         'print(\"kernel\", resource.getrlimit(resource.RLIMIT_DATA)[0] // 2**20,'\n"
+        "         ' resource.getrlimit(resource.RLIMIT_CPU)[0])')\n"
+        "print(subprocess.run([sys.executable, '-c', child], capture_output=True, text=True)"
+        ".stdout.strip())\n")
+    assert out.stdout.splitlines() == ["worker bounded", "kernel 2048 300"], out.stderr
+
+
+def test_a_worker_past_its_cpu_bound_is_ended_and_the_record_says_so():
+    import signal
+    out = _python("from autograder.worker import limit_worker\n"
+                  "limit_worker(memory_mb=4096, cpu_seconds=1)\n"
+                  "while True:\n    pass\n", timeout=30)
+    assert out.returncode == -signal.SIGXCPU
+    from autograder.grade import _why_no_result
+    assert "SIGXCPU (its CPU time limit)" in _why_no_result(_job(Path(".")), out.returncode,
+                                                           False)
+
+
+def test_the_worker_applies_its_bounds_before_grading(tmp_path, monkeypatch):
+    from autograder import worker
+    seen = {}
+    monkeypatch.setattr(worker, "limit_worker",
+                        lambda memory_mb, cpu_seconds: seen.update(mb=memory_mb, s=cpu_seconds))
+    monkeypatch.setattr(worker, "grade", lambda job: {"student": job.student, "seen": dict(seen)})
+    job_path, out_path = tmp_path / "job.json", tmp_path / "out.json"
+    job_path.write_text(json.dumps({"root": str(tmp_path), "assignment": "mini",
+                                    "student": "ann", "total_timeout": 100}))
+    assert worker.main([str(job_path), str(out_path)]) == 0
+    got = json.loads(out_path.read_text())["seen"]
+    assert got["mb"] == worker.WORKER_MEMORY_MB and got["s"] >= 100
