@@ -19,8 +19,8 @@ array                                   list
 ``{"$device": "cpu"}``, ``{"$dtype": .}``  torch.device, torch.dtype
 ``{"$slice": [a, b, c]}``, ``$range``    slice, range
 ``{"$h": [id, type name, methods]}``    a handle on an object that stays in the kernel
-``{"$o": [class path, fields, tag]}``   a trusted-side object of an allowed package,
-                                        rebuilt from its fields (tinyserve dataclasses)
+``{"$o": [class path, fields, tag]}``   an object of a class on ``DATA_CLASSES`` (the
+                                        course's own data), rebuilt from its fields
 ``{"$tag": n}``                         that same object, handed back
 ``{"$cset": [n, tensor]}``              a large constant tensor of the tests (a read-only
                                         cell's binding, such as the shipped weights),
