@@ -30,7 +30,7 @@ import torch
 
 from tinyserve.config import ModelConfig
 from tinyserve.device import default_device
-from tinyserve.generate import generate, prefill
+from tinyserve.generate import extend, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 from tinyserve.speculative import (Drafter, ModelDrafter, NGramDrafter, expected_tokens_per_pass,
@@ -100,11 +100,12 @@ def run_drafter(env: dict[str, Any], drafter: Drafter, k: int,
             "passes_per_token": passes / max(tokens - len(plain), 1)}
 
 
-@torch.no_grad()
 def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
                repeats: int) -> dict[int, float]:
     """Milliseconds of one cached pass feeding ``width`` tokens per row after ``context``
-    cached tokens, for each width (1 = a decode step, k + 1 = a verify pass)."""
+    cached tokens, for each width (1 = a decode step, k + 1 = a verify pass). Timed on
+    :func:`~tinyserve.generate.extend`, the step both loops run, so the formula and the
+    runs price the same code."""
     device = model.device
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, context + max(widths)), generator=g)
@@ -114,7 +115,7 @@ def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
 
     def once(w: int) -> float:
         pos = torch.arange(context, context + w, device=device).expand(batch, w)
-        seconds = median_seconds(lambda: model(ids[:, context:context + w], pos, cache),
+        seconds = median_seconds(lambda: extend(model, ids[:, context:context + w], pos, cache),
                                  device, repeats=1, warmup=0)
         cache.rewind([context] * batch)  # forget the pass, so each run measures the same one
         return seconds

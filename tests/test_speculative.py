@@ -345,3 +345,47 @@ def test_measured_tokens_per_pass_follows_the_formula_for_iid_acceptance() -> No
         draft = [1 if m else 2 for m in match]
         total += len(accept_greedy(draft, target))
     assert total / n == pytest.approx(expected_tokens_per_pass(a, k), abs=0.03)
+
+
+# ------------------------------------------------------------------ on plain decoding's step code
+
+def _recording(model: TinyLlama, name: str, log: list[tuple[str, int, bool, int]]) -> TinyLlama:
+    """``model`` with each forward pass logged: (name, tokens fed per row, whether inference
+    mode was on, positions scored)."""
+    forward = model.forward
+
+    def logged(*args, **kwargs):
+        logits = forward(*args, **kwargs)
+        log.append((name, args[0].shape[1], torch.is_inference_mode_enabled(), logits.shape[1]))
+        return logits
+    model.forward = logged  # an instance attribute: nn.Module.__call__ finds it first
+    return model
+
+
+def test_a_step_is_k_draft_passes_and_one_verify_pass_on_the_decode_step_code(target) -> None:
+    """What the cost model prices is what runs: per step, k draft passes (the first catching
+    up on at most 2 tokens, the rest one token each) and one target pass over the last token
+    and the k guesses, every one in inference mode like plain decoding; each prefill scores
+    one position, not the whole prompt. The tokens are the plain greedy tokens."""
+    log: list[tuple[str, int, bool, int]] = []
+    tgt = _recording(_noisy_copy(target, 0.0, seed=0), "target", log)
+    drafter = ModelDrafter(_recording(_noisy_copy(target, 0.005, seed=3), "draft", log))
+    prompt, k = _prompt(6, 4), 4
+    want = generate(target, prompt, 30).tokens
+    got, stats = speculative_generate(tgt, drafter, prompt, 30, k=k)
+    assert got == want
+    assert all(inference for _, _, inference, _ in log)
+    assert [(who, scored) for who, _, _, scored in log[:2]] == [("draft", 1), ("target", 1)]
+    steps, drafted = [], []                  # per step: the draft passes' widths, then the verify's
+    for who, fed, _, _ in log[2:]:
+        if who == "draft":
+            drafted.append(fed)
+        else:
+            steps.append((drafted, fed))
+            drafted = []
+    assert drafted == [] and len(steps) == stats.target_passes > 1
+    for n, (widths, verified) in enumerate(steps):
+        budget = 30 - (1 + sum(stats.emitted[:n])) - 1      # what speculative_generate asks for
+        assert len(widths) == min(k, budget)
+        assert widths[:1] in ([], [1], [2]) and widths[1:] == [1] * (len(widths[1:]))
+        assert verified == len(widths) + 1                  # the last token and the guesses

@@ -11,7 +11,8 @@ switches the KV cache on or off inside the *same* code, so the two can be compar
 
 What is new with the cache, in two functions: :func:`prefill` runs the prompt once and fills
 the cache; :func:`decode_step` feeds one token per row at its position and appends its key
-and value. Without the cache, "decode" is the whole sequence again.
+and value. Without the cache, "decode" is the whole sequence again. (:func:`extend`, the
+step for a few tokens per row, is what speculative decoding adds: it runs on the same code.)
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from .model import TinyLlama
 from .sampling import SamplingParams, sample, sample_with
 
 __all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
-           "decode_step", "generate_stream", "generate", "generate_batch", "clock"]
+           "extend", "decode_step", "generate_stream", "generate", "generate_batch", "clock"]
 
 
 class PromptError(ValueError):
@@ -93,13 +94,25 @@ def prefill(model: TinyLlama, ids: Tensor, cache: KVCache,
 
 
 @torch.inference_mode()
+def extend(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+    """Feed T tokens per row (B, T) at their positions (B, T), right after what ``cache``
+    holds; return their logits (B, T, vocab).
+
+    The one cached forward pass every decoding loop shares: a decode step is T = 1,
+    speculative decoding's verify pass feeds the last token and k guesses (T = k + 1),
+    and its draft model catches up on the 1 or 2 tokens it has not seen.
+    """
+    return model(tokens, positions, cache)
+
+
+@torch.inference_mode()
 def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
     """Feed one token per row (B,) at its position (B,); return next-token logits (B, vocab).
 
     The new token's query attends to every cached key of its row, so this costs one token's
     matmuls plus an attention over the row so far, instead of a pass over the whole row.
     """
-    return model(tokens[:, None], positions[:, None], cache)[:, -1]
+    return extend(model, tokens[:, None], positions[:, None], cache)[:, -1]
 
 
 @torch.no_grad()

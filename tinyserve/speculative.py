@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .generate import check_prompt
+from .generate import check_prompt, decode_step, extend, prefill
 from .kv_cache import KVCache
 from .model import TinyLlama
 from .sampling import SamplingParams, top_k_filter, top_p_filter
@@ -151,7 +151,11 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
-    """A small model sharing the target's tokenizer, with its own KV cache."""
+    """A small model sharing the target's tokenizer, with its own KV cache.
+
+    It runs on the plain decode path's step code (:func:`~tinyserve.generate.extend` and
+    :func:`~tinyserve.generate.decode_step`, in inference mode), so a draft pass costs
+    what the cost model's measured draft pass costs."""
 
     def __init__(self, model: TinyLlama) -> None:
         self.model = model
@@ -161,9 +165,9 @@ class ModelDrafter:
         self.cache = KVCache.for_model(self.model, 1, max_total)
         if len(prompt_ids) > 1:  # hold all but the last token, like the target's cache
             ids = torch.tensor([prompt_ids[:-1]], device=self.model.device)
-            self.model(ids, torch.arange(ids.shape[1], device=ids.device), self.cache)
+            # Nothing is read from this pass: score one position, not the whole prompt.
+            prefill(self.model, ids, self.cache, logits_at=torch.tensor([0], device=ids.device))
 
-    @torch.no_grad()
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
         assert self.cache is not None, "call start() first"
@@ -173,26 +177,29 @@ class ModelDrafter:
         # Catch up on committed tokens the cache lacks: 1, or 2 after a fully accepted step.
         feed = torch.tensor([context[have:]], device=device)
         pos = torch.arange(have, len(context), device=device)[None]
+        logits = extend(self.model, feed, pos, self.cache)[:, -1]       # (1, V)
         greedy = sampling.temperature == 0
         drafts: list[Tensor] = []
         probs: list[Tensor] = []
         for i in range(k):
-            logits = self.model(feed, pos, self.cache)[:, -1]       # (1, V)
             if greedy:
-                token = logits.argmax(-1)                            # stays on the device
+                token = logits.argmax(-1)                                # (1,), on the device
             else:
                 q = probs_for(logits, sampling)
                 probs.append(q[0])
                 token = torch.multinomial(q, 1, generator=generator)[:, 0].to(device)
             drafts.append(token)
-            if i < k - 1:
-                feed, pos = token[None], pos[:, -1:] + 1
+            if i < k - 1:  # the last guess is never fed: the verify pass scores it
+                position = torch.tensor([len(context) + i], device=device)
+                logits = decode_step(self.model, token, position, self.cache)
         tokens = torch.cat(drafts).tolist()                         # one host sync per step
         return tokens, (None if greedy else torch.stack(probs))
 
     def commit(self, n_committed: int) -> None:
         assert self.cache is not None
-        self.cache.rewind([min(self.cache.lengths[0], n_committed - 1)])
+        keep = n_committed - 1
+        if keep < self.cache.lengths[0]:  # after a fully accepted step there is nothing to drop
+            self.cache.rewind([keep])
 
 
 class NGramDrafter:
@@ -288,15 +295,17 @@ class SpeculativeDecoder:
         self.context: list[int] = []
         self.cache: KVCache | None = None
 
-    @torch.no_grad()
+    @torch.no_grad()  # the model passes run in inference mode; this covers any drafter
     def prefill(self, prompt_ids: list[int], max_total: int) -> int:
         """Run the prompt, sample the first token; both caches then hold the prompt."""
         device = self.target.device
         self.cache = KVCache.for_model(self.target, 1, max_total)
         self.drafter.start(prompt_ids, max_total)
         ids = torch.tensor([prompt_ids], device=device)
-        logits = self.target(ids, torch.arange(len(prompt_ids), device=device), self.cache)
-        first = self._pick(logits[0, -1:], [], None)[0]
+        # Plain decoding's prefill: the vocabulary is scored at the last position only.
+        last = torch.tensor([len(prompt_ids) - 1], device=device)
+        logits = prefill(self.target, ids, self.cache, logits_at=last)
+        first = self._pick(logits[0], [], None)[0]
         self.context = list(prompt_ids) + [first]
         return first
 
@@ -312,16 +321,18 @@ class SpeculativeDecoder:
         draft, q = self.drafter.propose(self.context, k, self.sampling, self.generator)
         n = len(self.context)
         feed = torch.tensor([self.context[-1:] + draft], device=self.target.device)
-        pos = torch.arange(n - 1, n + len(draft), device=feed.device)
-        logits = self.target(feed, pos, self.cache)[0]              # (len(draft) + 1, V)
+        pos = torch.arange(n - 1, n + len(draft), device=feed.device)[None]
+        logits = extend(self.target, feed, pos, self.cache)[0]      # (len(draft) + 1, V)
         new = self._pick(logits, draft, q)
         self.stats.proposed += len(draft)
         self.stats.accepted += len(new) - 1
         self.stats.rejected += len(new) - 1 < len(draft)
         self.stats.target_passes += 1
         self.context += new
-        # Keep all but the last committed token: drop the rejected drafts' keys and values.
-        self.cache.rewind([len(self.context) - 1])
+        # Keep all but the last committed token: drop the rejected drafts' keys and values
+        # (none when every draft was accepted: the bonus token is the one not yet fed).
+        if len(new) <= len(draft):
+            self.cache.rewind([len(self.context) - 1])
         self.drafter.commit(len(self.context))
         return new
 
