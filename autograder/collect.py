@@ -83,17 +83,20 @@ def _group(entries, assignment: str
                 continue
         where[student] = prefix
         files = by_student.setdefault(student, [])  # collected even if every file is skipped,
-        if size > MAX_FILE_MB * 2**20:              # so grading says why, in the grades
+        note = over_cap(rel, size)                  # so grading says why, in the grades
+        if note:
             warnings.append(f"{student}: skipped {shown(rel)[:200]} "
                             f"({size / 2**20:.0f} MB > {MAX_FILE_MB} MB)")
-            skipped.setdefault(student, []).append(_over_cap(rel, size))
+            skipped.setdefault(student, []).append(note)
             continue
         files.append((rel, opener, size))
     return by_student, list(dict.fromkeys(warnings)), skipped
 
 
-def _over_cap(rel: PurePosixPath, size: int) -> str:
-    """What the student reads about a file collect left out for its size."""
+def over_cap(rel: PurePosixPath, size: int) -> str | None:
+    """What the student reads about a file left out for its size (None: under the cap)."""
+    if size <= MAX_FILE_MB * 2**20:
+        return None
     return (f"{shown(rel)[:200]} was not collected: it is {size / 2**20:.0f} MB, over the "
             f"{MAX_FILE_MB} MB limit per file; clear its outputs (Edit > Clear All Outputs), "
             "save, and submit again")
@@ -114,7 +117,8 @@ def collect_notes(dest: Path) -> list[str]:
     return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
-def _write_notes(dest: Path, notes: list[str]) -> None:
+def write_notes(dest: Path, notes: list[str]) -> None:
+    """Record what was left out of the collection at ``dest`` (see collect_notes)."""
     path = notes_path(dest)
     if notes:
         path.write_text(json.dumps(notes))
@@ -145,7 +149,7 @@ def _collect_one(dest: Path, files: list, notes: list[str]) -> str:
         shutil.rmtree(dest)  # the latest good collection replaces the previous one
     partial.rename(dest)
     _write_timestamp(dest)
-    _write_notes(dest, notes)
+    write_notes(dest, notes)
     return ""
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 
-from .collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped
+from .collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped, over_cap, write_notes
 from .course import Course, CourseError, ensure_in_gradebook, release, safe_name, shown
 
 DEFAULT_ROOT = "/usr/local/share/nbgrader/exchange"   # nbgrader's own default
@@ -270,7 +270,8 @@ def collect_from_exchange(course: Course, assignment: str, *, root=None,
         if problem:
             warnings.append(f"{student}: {problem}; not collected")
             continue
-        _copy_submission(course, assignment, student, src)
+        warnings.extend(f"{student}: {note}"
+                        for note in _copy_submission(course, assignment, student, src))
         late = when - due if due is not None and when > due else None
         collected.append(Collected(student, stamp, late))
     return collected, warnings
@@ -319,18 +320,24 @@ def _user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _copy_submission(course: Course, assignment: str, student: str, src: Path) -> None:
+def _copy_submission(course: Course, assignment: str, student: str, src: Path) -> list[str]:
+    """Copy one submission into place; returns what was left out (files over the cap)."""
     dest = course.submitted / student / assignment
     if dest.exists():
         shutil.rmtree(dest)   # the latest submission replaces the previous one
     dest.mkdir(parents=True)
     private = course.work / "exchange" / student / assignment
     private.mkdir(parents=True, exist_ok=True)
+    left_out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(src):
         dirnames[:] = [d for d in dirnames if d != ".ipynb_checkpoints"]
         for name in filenames:
             path = Path(dirpath) / name
             rel = path.relative_to(src)
+            note = over_cap(rel, path.lstat().st_size)
+            if note:   # left out, and said in the student's grades (as collect does)
+                left_out.append(note)
+                continue
             # The secret is the key to the student's feedback: keep it out of the graded
             # folder; the timestamp stays there, where nbgrader's tools look for it.
             target = private / name if rel == Path(SECRET) else dest / rel
@@ -340,6 +347,8 @@ def _copy_submission(course: Course, assignment: str, student: str, src: Path) -
                 _copy_capped(f, out, MAX_FILE_MB * 2**20)
     if (dest / TIMESTAMP).exists():
         shutil.copy(dest / TIMESTAMP, private / TIMESTAMP)
+    write_notes(dest, left_out)
+    return left_out
 
 
 # Return feedback ----------------------------------------------------------------------------

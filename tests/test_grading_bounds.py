@@ -402,3 +402,19 @@ def test_the_worker_applies_its_bounds_before_grading(tmp_path, monkeypatch):
     assert worker.main([str(job_path), str(out_path)]) == 0
     got = json.loads(out_path.read_text())["seen"]
     assert got["mb"] == worker.WORKER_MEMORY_MB and got["s"] >= 100
+
+
+def test_a_notebook_over_the_cap_in_the_exchange_is_left_out_and_said(tmp_path, monkeypatch):
+    from autograder import collect as collect_mod
+    from autograder import exchange
+    course = _course(tmp_path)
+    monkeypatch.setattr(collect_mod, "MAX_FILE_MB", 1)
+    src = tmp_path / "inbound" / "ann+mini+2026-12-01 10:00:00.000000 UTC"
+    src.mkdir(parents=True)
+    (src / "mini.ipynb").write_text(" " * (2 * 2**20))
+    (src / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
+    assert len(exchange._copy_submission(course, "mini", "ann", src)) == 1  # raised before
+    dest = course.submitted / "ann" / "mini"
+    assert not (dest / "mini.ipynb").exists() and (dest / "timestamp.txt").exists()
+    [note] = collect_mod.collect_notes(dest)
+    assert note.startswith("mini.ipynb was not collected") and "over the 1 MB limit" in note
