@@ -284,11 +284,6 @@ class Decoder:
                 raise
             raise WireError(f"malformed message ({type(e).__name__})") from None
 
-    def _spend(self, n: int) -> None:
-        self._elements += n
-        if self._elements > MAX_ELEMENTS:
-            raise _too_many_elements()
-
     def _keyed(self, body: list) -> None:
         """Count a dict's or set's keys against the budget before decoding any of them."""
         self._keys += len(body)
@@ -304,21 +299,25 @@ class Decoder:
         t = type(node)
         if node is None or t in (bool, int, float, str):
             return node
-        self._spend(len(node) + 1 if t in (list, dict) else 1)
         if t is list:
+            self._elements += len(node) + 1   # inline: decoding's hottest path
+            if self._elements > MAX_ELEMENTS:
+                raise _too_many_elements()
             return [self.decode(x, depth + 1) for x in node]
         if t is not dict or len(node) != 1:
             raise WireError("malformed message (unknown node)")
         (tag, body), = node.items()
         d = depth + 1
-        if type(body) is list:
-            self._spend(len(body))
+        self._elements += len(body) + 1 if type(body) is list else 1
+        if self._elements > MAX_ELEMENTS:
+            raise _too_many_elements()
         if tag == "$t":
             return tuple(self.decode(x, d) for x in body)
         if tag == "$d":
             self._keyed(body)
             pairs = [(self.decode(k, d), self.decode(v, d)) for k, v in body]
-            _check_hashes([k for k, _ in pairs])
+            if len(pairs) > MAX_SAME_HASH:   # fewer keys cannot share one hash too often
+                _check_hashes([k for k, _ in pairs])
             return dict(pairs)
         if tag == "$set":
             self._keyed(body)
