@@ -24,7 +24,8 @@ EXPECTED_RATIOS = {
     "parallel": {"tp2_speedup_prefill", "tp2_speedup_decode", "tp2_allreduce_share",
                  "tp2_allreduce_share_prefill", "pp_bubble_measured", "pp_bubble_formula"},
     "spec": {"spec_speedup_k2", "spec_speedup_k4", "spec_speedup_k6", "spec_acceptance_k4",
-             "ngram_speedup_k2", "ngram_speedup_k4", "ngram_speedup_k6", "ngram_acceptance_k4"},
+             "ngram_speedup_k2", "ngram_speedup_k4", "ngram_speedup_k6", "ngram_acceptance_k4",
+             "spec_measured_vs_predicted_k4", "ngram_measured_vs_predicted_k4"},
     "serve": {"goodput_knee_vs_overload", "sim_shape_routing_p99_ttft_improvement",
               "sim_least_loaded_p99_ttft_improvement"},
 }
