@@ -248,3 +248,20 @@ def test_a_held_block_closes_the_figures_it_drew() -> None:
         fig = plt.figure()
     assert fig.number in plt.get_fignums()
     plt.close(fig)
+
+
+def test_several_cells_can_hold_parts_of_one_answer(capsys) -> None:
+    p = Prediction("ratio?", "x")
+    with p.hold("prefill"):
+        print("prefill 0.2 ms per token")
+    with p.hold("decode"):
+        print("decode 4.0 ms per token")
+    with p.hold("prefill"):                    # run again: replaces its own part only
+        print("prefill 0.25 ms per token")
+    with p.hold():
+        p.record(16.0)
+    assert "0.25" not in capsys.readouterr().out
+    p.commit(10)
+    text = p.answer_text()
+    assert text.index("prefill 0.25") < text.index("decode 4.0") and "0.2 ms" not in text
+    assert "measured 16 x" in text

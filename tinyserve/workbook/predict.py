@@ -71,7 +71,7 @@ class Prediction:
         self.committed = False
         self.skipped = False
         self.measured: float | None = None
-        self.held = ""                         # the measurement cell's printout
+        self._held: dict[str, str] = {}        # the measurement cells' printouts, by label
         self.message = ""
         self._ui: Any = None
 
@@ -117,21 +117,28 @@ class Prediction:
         self._refresh()
         return self.revealed_text() if self.revealed else self.NO_GUESS
 
+    @property
+    def held(self) -> str:
+        """Every held printout, in the order the cells first ran."""
+        return "".join(self._held.values())
+
     @contextlib.contextmanager
-    def hold(self) -> Iterator["Prediction"]:
+    def hold(self, label: str = "") -> Iterator["Prediction"]:
         """Run a measurement cell's printing inside this block: the printout, and any figure
         drawn in it, come out only once a guess is committed or skipped, followed by the
         comparison and the discussion; before that the cell prints :attr:`HELD` and the widget
-        keeps the printout until the commit."""
+        keeps the printout until the commit. When several cells lead to one answer, give each
+        its own `label`: a cell run again replaces its own printout, not the others'."""
         figures = _figure_numbers()
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             yield self
-        self.held = out.getvalue()
+        self._held[label] = out.getvalue()
         if self.revealed:
-            sys.stdout.write(self.held)
-            print(self.revealed_text())
-            if self.discussion:
+            sys.stdout.write(self._held[label])
+            if self.measured is not None:
+                print(self.revealed_text())
+            if self.discussion and self.measured is not None:
                 print("\n" + self.discussion)
         else:
             _close_figures_since(figures)
