@@ -190,13 +190,10 @@ def _apply(req: dict):
     if op == "helper":
         # A helper of the tests' own module, named by the runner (never a notebook name):
         # it sets up what the learner's code works with here (a cache, a device).
-        from . import build_checks
+        from .kernel_helpers import resolve
         name = str(req.get("name", ""))
-        if name in build_checks.KERNEL_HELPERS:
-            helper = getattr(build_checks, name)
-        elif name.startswith(build_checks.NOTEBOOK_HELPER_PREFIX) and name in _user_ns():
-            helper = _user_ns()[name]   # the notebook's own, as the learner's code sees it
-        else:
+        helper = resolve(name, _user_ns())
+        if helper is None:
             raise WireError(f"no kernel helper {name[:40]!r}")
         args = _decoder.decode(req.get("args", []))
         kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))

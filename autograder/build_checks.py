@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from autograder.kernel_helpers import in_kernel  # noqa: F401 - the notebooks' _in_kernel
+from autograder.kernel_helpers import trusted_runner as _trusted_runner
 from autograder.testkit import check
 
 _allclose, _isfinite, _Tensor = torch.allclose, torch.isfinite, Tensor
@@ -121,41 +123,6 @@ def _copied_lines(fn: object) -> list[str]:
     except (OSError, TypeError):
         return []
     return copied_lines(source, frozenset(_REFERENCE_LINES))
-
-
-def _trusted_runner():
-    """The trusted runner running this test, or None (in a kernel: the learner's or a plain
-    run of the notebook)."""
-    trusted = sys.modules.get("autograder.trusted")
-    return trusted.current() if trusted is not None else None
-
-
-# Helpers a trusted test may run in the learner's kernel (``in_kernel``): they set up what the
-# learner's code works with there (a cache, the kernel's device); none of them judges it.
-KERNEL_HELPERS = ("reference_cache", "call_with_pieces", "device_name")
-NOTEBOOK_HELPER_PREFIX = "_kernel_"   # read-only cells' own set-up functions, by name
-
-
-def in_kernel(fn):
-    """``fn``, run where the learner's code lives: a helper of this module named in
-    KERNEL_HELPERS, or a read-only cell's function named ``_kernel_...``. At grading, a call
-    goes to the learner's kernel (to this module's helper, or to the function of that name
-    there) and what it returns is the kernel's, as any answer is: data, or a handle on an
-    object that stays there. Elsewhere (a kernel, a plain run) ``fn`` itself."""
-    name = getattr(fn, "__name__", "")
-    ours = name in KERNEL_HELPERS and getattr(fn, "__module__", "") == __name__
-    if not ours and not name.startswith(NOTEBOOK_HELPER_PREFIX):
-        raise ValueError(f"{name!r} is neither a kernel helper of {__name__} nor a "
-                         f"read-only cell's {NOTEBOOK_HELPER_PREFIX}... function")
-    runner = _trusted_runner()
-    if runner is None:
-        return fn
-    channel = runner.channel
-
-    def call(*args, **kwargs):
-        return channel.request("helper", name=name, args=list(args), kwargs=dict(kwargs))
-    call.__name__ = name
-    return call
 
 
 def device_name() -> str:

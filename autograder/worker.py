@@ -243,6 +243,8 @@ def failure_message(r) -> str:
         return r.evalue
     if r.student:
         return f"your code raised {r.ename}: {r.evalue[:300]}"
+    if r.ename == "ReadOnlyCellFailed":
+        return f"not graded: {r.evalue[:300]}"
     if r.ename == "KernelDied":
         return f"your kernel stopped: {r.evalue[:300]}"
     # Raised by the test's own code (trusted side), not inside a call to yours: say so, so
