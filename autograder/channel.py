@@ -82,7 +82,7 @@ import sys
 import time
 
 from .wire import MAX_MESSAGE_BYTES, Decoder, Encoder, WireError, allowed_class, class_path, \
-    object_fields, rebuild
+    object_fields, parse, rebuild
 
 MESSAGE_CAP = 500
 AGENT = "__import__('autograder.agent').agent.serve_loop()"
@@ -479,18 +479,18 @@ def _reply_kind(text: str, rid: int) -> tuple[str, dict | None]:
     import json
     if text.startswith('{"cb":'):
         try:
-            msg = json.loads(text) if len(text) <= MAX_MESSAGE_BYTES else None
-        except (ValueError, RecursionError):
+            msg = parse(text)
+        except (ValueError, RecursionError):  # WireError included: over a budget
             msg = None
         if type(msg) is dict and type(msg.get("cb")) is list and len(msg["cb"]) == 4:
             return "callback", msg
         return "foreign", None
     if not text.startswith('{"id":'):
         return "foreign", None
-    if len(text) > MAX_MESSAGE_BYTES:
-        raise WireError(f"a reply over {MAX_MESSAGE_BYTES // 2**20} MB")
     try:
-        msg = json.loads(text)
+        msg = parse(text)   # the size and the elements counted before anything is built
+    except WireError:
+        raise
     except (ValueError, RecursionError):
         raise WireError("malformed reply") from None
     if type(msg) is not dict or type(msg.get("id")) is not int:
