@@ -21,7 +21,8 @@ from .wire import Decoder, Encoder, WireError, allowed_class, class_path, object
     rebuild
 
 _objects: dict[int, object] = {}     # handle id -> object kept alive for the runner
-_constants: dict[int, tuple] = {}    # number -> (tensor, its version): the tests' constants
+_constants: dict[int, object] = {}   # number -> a tests' constant as sent (never handed out)
+_in_use: dict[int, object] = {}      # number -> this request's own copy of it
 _tagged: dict[int, object] = {}      # id(rebuilt trusted object) -> its tag, for this call
 _by_tag: dict[int, object] = {}      # tag -> rebuilt object, so the same tag is one object
 
@@ -105,18 +106,22 @@ def _lookup(ref, _name="", _methods=None):
 
 
 class _Stale(Exception):
-    """A constant the runner thinks is here is not, or the student's code changed it in place:
+    """A constant the runner thinks is here is not (the student's code dropped the table):
     the runner sends the request again with the constants' bytes."""
 
 
 def _constant(number: int, value):
+    """The tests' constant ``number`` for this request: a copy of the one kept, so a change
+    the student's code makes in place (through ``.data`` too, which has a version counter of
+    its own) lasts only as long as the request and never reaches a later call."""
     if value is not None:
-        _constants[number] = (value, value._version)
-        return value
+        _constants[number] = value
     kept = _constants.get(number)
-    if kept is None or kept[0]._version != kept[1]:
+    if kept is None:
         raise _Stale()
-    return kept[0]
+    if number not in _in_use:
+        _in_use[number] = kept.clone()
+    return _in_use[number]
 
 
 class _Lent:
@@ -327,3 +332,4 @@ def _serve(req) -> str:
     finally:
         _tagged.clear()
         _by_tag.clear()
+        _in_use.clear()

@@ -36,12 +36,12 @@ The channel
 Constants
     Large tensors bound by read-only cells (the shipped weights: 21 MB) would cross by value
     on every call that passes them. The runner numbers each one; the first request that
-    passes it carries its bytes (``$cset``), later ones only its number (``$c``), and the
-    kernel keeps the tensor with its version counter. When the kernel no longer holds it as
-    sent (the student's code changed it in place, or dropped the agent's table), it answers
-    ``stale`` and the runner sends the request again with the bytes, so a call always gets
-    the tests' value. Only the student's own later calls could see a change made in place,
-    as in any notebook; the tests' references never do.
+    passes it carries its bytes (``$cset``), later ones only its number (``$c``). The kernel
+    keeps the tensor as sent and hands each request a copy of its own, so a change the
+    student's code makes in place (through ``.data`` too) ends with that request: every call
+    gets the tests' value. When the kernel no longer holds a number (the student's code
+    dropped the agent's table), it answers ``stale`` and the runner sends the request again
+    with the bytes.
 
 How names resolve
     The test namespace holds what the read-only cells bind (they run here *and* in the

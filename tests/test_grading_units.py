@@ -386,7 +386,8 @@ def test_call_each_is_one_request_and_stops_at_the_first_error(counted):
 def test_a_large_constant_crosses_once_and_a_changed_copy_is_sent_again(counted):
     student, runner, sent = counted
     exec("def total(w):\n    return float(w['a'].sum())\n"
-         "def spoil(w):\n    w['a'].zero_()\n", student)
+         "def spoil(w):\n    w['a'].zero_()\n"
+         "def spoil_data(w):\n    w['a'].data.zero_()\n", student)
     assert runner.run_setup(_cell("import torch\nW = {'a': torch.ones(200, 200)}"),
                             "cell setup") == ""
     sizes = []
@@ -396,10 +397,13 @@ def test_a_large_constant_crosses_once_and_a_changed_copy_is_sent_again(counted)
         assert runner.ns["got"] == 40_000.0
         sizes.append(len(sent[-1]))
     assert sizes[0] > 200 * 200 * 4 and max(sizes[1:]) < 200   # bytes once, then a number
-    # The learner's code changed the kernel's copy in place: the next call still gets the
-    # tests' value (the kernel says "stale", the bytes go again).
-    runner.run_test(_cell("spoil(W)\ngot = total(W)"), "cell u", timeout=30)
-    assert runner.ns["got"] == 40_000.0
+    # The learner's code changed its copy in place, through .data too (a version counter of
+    # its own): the next call still gets the tests' value, and no bytes go again (each
+    # request works on a copy of what the kernel keeps).
+    for spoil in ("spoil", "spoil_data"):
+        sent.clear()
+        runner.run_test(_cell(f"{spoil}(W)\ngot = total(W)"), "cell u", timeout=30)
+        assert runner.ns["got"] == 40_000.0 and max(len(r) for r in sent) < 200
     # A change on the tests' side is a new constant.
     runner.run_test(_cell("W['a'].mul_(2)\ngot = total(W)"), "cell v", timeout=30)
     assert runner.ns["got"] == 80_000.0
