@@ -276,7 +276,9 @@ class ReferenceCache:
     forward pass or the loops is not at the mercy of the learner's own cache class: ``write``
     stores one layer's keys and values (n_kv_heads, T, head_dim) at ``positions`` (T,) and
     returns every key and value of slots 0 .. the last one written; ``length`` is the number
-    of slots in use."""
+    of slots in use. It records the positions of every write (``positions_written``): lent to
+    the learner's code (``testkit.lend``), that record is the tests' own count of the tokens
+    each forward pass fed, so a loop that ignores the cache or re-feeds it shows."""
 
     def __init__(self, cfg: dict, max_seq: int, device: torch.device | str) -> None:
         from tinyserve.config import ModelConfig
@@ -284,14 +286,27 @@ class ReferenceCache:
         names = ModelConfig.__dataclass_fields__
         config = ModelConfig(**{k: v for k, v in cfg.items() if k in names})
         self._cache = KVCache(config, 1, max_seq, device=device)
+        self._writes: list[tuple[int, list[int]]] = []
 
     @property
     def length(self) -> int:
         return self._cache.lengths[0]
 
     def write(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        device = self._cache.k.device  # at grading the learner's tensors arrive as sent
+        k, v, positions = k.to(device), v.to(device), positions.to(device)
         keys, values, _ = self._cache.update(layer, k[None], v[None], positions[None])
+        self._writes.append((int(layer), [int(p) for p in positions.tolist()]))
         return keys[0], values[0]
+
+    def positions_written(self, layer: int = 0) -> list[list[int]]:
+        """The positions of each write to ``layer``, in order: one list per forward pass."""
+        return [list(p) for n, p in self._writes if n == layer]
+
+    def stored(self, part: str) -> Tensor:
+        """Every slot of the keys ("k") or values ("v"), (layers, n_kv_heads, max_seq, head_dim):
+        what a preallocated cache holds after the same writes."""
+        return (self._cache.k if part == "k" else self._cache.v)[:, 0]
 
     def prefill_with(self, spec: tuple, prompt: list[int]) -> None:
         """Fill positions 0..T-1 with tinyserve's model named by ``spec`` (see model_from_spec)."""

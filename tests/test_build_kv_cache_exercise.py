@@ -67,7 +67,45 @@ WRONG_FORWARD = ("_solution_forward = forward_cached\n"
                  "def forward_cached(ids, positions, weights, cfg, cache):\n"
                  "    return 2 * _solution_forward(ids, positions, weights, cfg, cache)")
 
+# What each piece is for, not only its values (issue 26): the cache is written in place, the
+# prompt goes in one pass, the loop decodes through the cache. Each of these gives the right
+# values and kept full marks before.
+CACHE_GROWN = ("class KVCache:\n"
+               "    def __init__(self, cfg, max_seq, device):\n"
+               "        shape = (cfg['num_hidden_layers'], cfg['num_key_value_heads'], max_seq, cfg['head_dim'])\n"
+               "        self.k, self.v = torch.zeros(shape, device=device), torch.zeros(shape, device=device)\n"
+               "        self.length, self._k, self._v = 0, {}, {}\n"
+               "    def write(self, layer, k, v, positions):\n"
+               "        if layer in self._k:\n"
+               "            k, v = torch.cat([self._k[layer], k], 1), torch.cat([self._v[layer], v], 1)\n"
+               "        self._k[layer], self._v[layer] = k, v\n"
+               "        self.length = k.shape[1]\n"
+               "        return k, v")
+CACHE_COPIED = CACHE.format(**dict(GOOD, advance="self.k, self.v = self.k.clone(), self.v.clone()\n"
+                                                 "        self.length = max(self.length, int(positions.max()) + 1)"))
+PREFILL_PER_TOKEN = ("def prefill(prompt_ids, weights, cfg, cache):\n"
+                     "    return torch.cat([forward_cached(torch.tensor([t], device=DEVICE), torch.tensor([i], device=DEVICE),\n"
+                     "                                     weights, cfg, cache) for i, t in enumerate(prompt_ids)])")
+GENERATE_RECOMPUTES = ("def generate_cached(prompt_ids, n, weights, cfg, cache):\n"
+                       "    ids, new = list(prompt_ids), []\n"
+                       "    while len(new) < n and len(ids) < cfg['max_position_embeddings']:\n"
+                       "        token = int(forward(torch.tensor(ids, device=DEVICE), torch.arange(len(ids), device=DEVICE),\n"
+                       "                            weights, cfg)[-1].argmax())\n"
+                       "        new.append(token)\n"
+                       "        ids.append(token)\n"
+                       "        if token == cfg['eos_token_id']:\n"
+                       "            break\n"
+                       "    return new")
+GENERATE_REFEEDS = GENERATE_RECOMPUTES.replace(
+    "forward(torch.tensor(ids, device=DEVICE), torch.arange(len(ids), device=DEVICE),\n"
+    "                            weights, cfg)", "prefill(ids, weights, cfg, cache)")
+
 MISTAKES = [
+    ("test_cache_write", CACHE_GROWN, "nothing was written into cache.k"),
+    ("test_cache_write", CACHE_COPIED, "replaced cache.k or cache.v with a new tensor"),
+    ("test_prefill", PREFILL_PER_TOKEN, "in ONE pass"),
+    ("test_generate_cached", GENERATE_RECOMPUTES, "never wrote the cache it was given"),
+    ("test_generate_cached", GENERATE_REFEEDS, "were fed again"),
     ("test_cache_bytes", "def cache_bytes(cfg, t, b):\n"
                          "    return cfg['num_hidden_layers'] * t * cfg['num_key_value_heads'] * cfg['head_dim'] * b",
      "factor 2"),
