@@ -215,7 +215,7 @@ class Channel:
         self._lent_numbers: dict[int, int] = {}  # id(object) -> number
         # Arguments of a call back are data only: a handle there would need a request of its
         # own while the kernel waits for the call back's answer.
-        self._plain = Decoder(_no_handles)
+        self._plain = Decoder(_no_handles, on_constant=self._constant_back)
         self._encoder = Encoder(self._encode_other, on_tensor=self.constants.node)
         self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
@@ -312,6 +312,14 @@ class Channel:
         if type(reply) is not str:
             raise StudentError("the kernel answered with something that is not a reply")
         return reply
+
+    def _constant_back(self, number: int, value):
+        """A call back's ``{"$c": n}``: the kernel passes one of the tests' constants (the
+        weights) untouched, and the tests' own tensor stands in for it."""
+        t = self.constants.by_number(int(number)) if value is None else None
+        if t is None:
+            raise WireError("a call back named a constant the tests do not hold")
+        return t
 
     def _call_back(self, msg: dict) -> str:
         """Serve one call back of the learner's code to a lent object: a method in its
@@ -463,6 +471,14 @@ class Constants:
 
     def forget_sent(self) -> None:
         self._sent.clear()
+
+    def by_number(self, number: int):
+        """The tests' own tensor that constant ``number`` stands for now (the kernel names
+        one in a call back instead of sending its bytes back), or None."""
+        for t, version, n in self._kept.values():
+            if n == number and t._version == version:
+                return t
+        return None
 
     def __len__(self) -> int:
         return len(self._kept)

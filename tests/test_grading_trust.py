@@ -203,3 +203,27 @@ def test_no_output_of_a_graded_notebook_quotes_hidden_test_source():
     scrub_hidden_lines(nb, secret)
     text = json.dumps(nb)
     assert "double hidden" not in text and text.count(HIDDEN_MARK) == 4
+
+
+def test_a_lent_function_gets_the_tests_constants_back_by_number(in_process, monkeypatch):
+    """A lent function the learner's code calls with the tests' weights: they go back as
+    their numbers (not 160 kB each call) and the function gets the tests' own tensors."""
+    from autograder import agent
+    student, runner = in_process
+    texts = []
+
+    def ask(text):
+        texts.append(text)
+        return runner.channel._call_back(json.loads(text))
+    monkeypatch.setattr(agent, "_ask", ask)
+    exec("def run(step, w, n):\n    return [step(w, i) for i in range(n)]", student)
+    assert runner.run_setup(_cell("import torch\nW = {'a': torch.ones(200, 200)}\nSEEN = []\n"
+                                  "def step(w, i):\n    SEEN.append(w['a'])\n"
+                                  "    return float(w['a'][0, 0]) + i"), "setup") == ""
+    result = runner.run_test(_cell("from autograder.testkit import lend\n"
+                                   "got = run(lend(step, ('__call__',)), W, 3)"), "t", 30)
+    assert result.status == "ok", result
+    ns = runner.ns
+    assert ns["got"] == [1.0, 2.0, 3.0]
+    assert all(t is ns["W"]["a"] for t in ns["SEEN"])   # the tests' tensor, not a copy
+    assert max(len(t) for t in texts) < 500             # by number, not by value
