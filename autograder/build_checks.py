@@ -204,8 +204,12 @@ def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
     """``got`` is a tensor of ``want``'s shape and device, close to it; if not, the message
     names the first mistake in ``mistakes`` ((tensor a known slip gives, why) pairs) it matches."""
     shape = tuple(getattr(got, "shape", ()))
+    squeezed = type(got) is _Tensor and tuple(n for n in shape if n != 1) == tuple(
+        n for n in want.shape if n != 1)
     check(type(got) is _Tensor and shape == tuple(want.shape), name=name,
-          message=f"expected a tensor of shape {tuple(want.shape)}, got {type(got).__name__} {shape}")
+          message=f"expected a tensor of shape {tuple(want.shape)}, got {type(got).__name__} {shape}" + (
+              ": a dimension of size 1 was dropped or added (a .squeeze() breaks a single token)"
+              if squeezed else ""))
     # Compared on the reference's device: a trusted runner receives tensors on the CPU.
     got32, want32 = got.detach().to(want.device).float(), want.float()
     ok = bool(_allclose(got32, want32, atol=atol, rtol=rtol))
@@ -265,6 +269,10 @@ def attention_variants(q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor):
          "mask off by one: a query must see its own key too (k_position <= q_position)"),
         (sdpa(q, ki, vi, attn_mask=kp[None, :] <= qp[:, None] + 1),
          "mask off by one: a query sees one key in its future"),
+        (sdpa(q, ki, vi, attn_mask=torch.arange(k.shape[1], device=kp.device)[None, :]
+              <= torch.arange(q.shape[1], device=qp.device)[:, None]),
+         "the mask compares indices, not positions: a query at position 40 over 41 cached keys "
+         "sees every key at positions <= 40; compare k_positions with q_positions"),
         (sdpa(q, ki, vi, attn_mask=mask, scale=1 / q.shape[-1]),
          "scaled by head_dim: divide the scores by sqrt(head_dim)"),
         (sdpa(q, ki, vi, attn_mask=mask, scale=1.0),
@@ -341,31 +349,108 @@ def reference_cache(cfg: dict, max_seq: int, device: torch.device | str,
 
 # ------------------------------------------------------------------ reference pieces
 
+# build_model's pieces with the notebook's signatures, for ``call_with_pieces``: when a
+# learner's earlier piece raises or gives NaN, a later piece is judged with these in its place
+# (one slip costs one piece). Plain torch, each built only on the ones above it; a piece
+# that calls them is not the learner's own work (``own_work``: this module is the grader's).
+
+def piece_rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def piece_rope_tables(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    i = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32)
+    angles = positions.float()[:, None] * theta ** (-i / head_dim)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def piece_apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def piece_attention(q: Tensor, k: Tensor, v: Tensor, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    group = q.shape[0] // k.shape[0]
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0),
+        attn_mask=k_positions[None, :] <= q_positions[:, None])
+
+
+def piece_swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    linear = torch.nn.functional.linear
+    return linear(torch.nn.functional.silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+
+
+def piece_decoder_block(x: Tensor, positions: Tensor, w: dict, cfg: dict) -> Tensor:
+    T, d = x.shape[0], cfg["head_dim"]
+    n = piece_rms_norm(x, w["input_layernorm.weight"], cfg["rms_norm_eps"])
+    q, k, v = ((n @ w[f"self_attn.{p}_proj.weight"].T).view(T, -1, d).transpose(0, 1) for p in "qkv")
+    cos, sin = piece_rope_tables(positions, d, cfg["rope_theta"])
+    a = piece_attention(piece_apply_rotary(q, cos, sin), piece_apply_rotary(k, cos, sin), v,
+                        positions, positions)
+    h = x + a.transpose(0, 1).reshape(T, -1) @ w["self_attn.o_proj.weight"].T
+    n = piece_rms_norm(h, w["post_attention_layernorm.weight"], cfg["rms_norm_eps"])
+    return h + piece_swiglu_mlp(n, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
+                                w["mlp.down_proj.weight"])
+
+
+def piece_forward(ids: Tensor, positions: Tensor, weights: dict, cfg: dict) -> Tensor:
+    E = weights["model.embed_tokens.weight"]
+    x = E[ids]
+    for i in range(cfg["num_hidden_layers"]):
+        prefix = f"model.layers.{i}."
+        w = {n[len(prefix):]: t for n, t in weights.items() if n.startswith(prefix)}
+        x = piece_decoder_block(x, positions, w, cfg)
+    return piece_rms_norm(x, weights["model.norm.weight"], cfg["rms_norm_eps"]) @ E.T
+
+
 def _reference_piece(spec: object, scope: dict):
-    """The tinyserve function ``spec`` names: "tinyserve.module.name", or [that, {parameter:
-    notebook name}] for a reference that takes a notebook function (the given forward pass)."""
+    """The reference function ``spec`` names: "tinyserve.module.name" (or one of this
+    module's ``piece_...`` functions), or [that, {parameter: notebook name}] for a reference
+    that takes a notebook function (the given forward pass)."""
     import functools
     import importlib
     path, binds = (spec, {}) if type(spec) is str else tuple(spec)  # type: ignore[misc]
     module, _, attr = str(path).rpartition(".")
+    if module == __name__ and attr.startswith("piece_"):
+        return globals()[attr]
     if module.split(".")[0] != _REFERENCE or attr.startswith("_"):
         raise ValueError(f"{path!r}: a reference piece is a public function of {_REFERENCE}")
     fn = getattr(importlib.import_module(module), attr)
     return functools.partial(fn, **{p: scope[n] for p, n in dict(binds).items()}) if binds else fn
 
 
+class CallSizes:
+    """``fn``, recording the batch size (``len`` of the first argument) of each call in
+    ``sizes``. Lent to the learner's code (``testkit.lend(counter, ("__call__",))``), it runs
+    and counts on the tests' side."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.sizes = fn, []
+
+    def __call__(self, *args, **kwargs):
+        self.sizes.append(len(args[0]) if args else -1)
+        return self.fn(*args, **kwargs)
+
+
 def call_with_pieces(fn: object, pieces: dict, args: tuple | list,
-                     count: str | None = None) -> tuple[object, list[int]]:
+                     count: str | None = None, lent: dict | None = None
+                     ) -> tuple[object, list[int]]:
     """``fn(*args)`` with the notebook names in ``pieces`` bound, for this call only, to
     tinyserve's reference functions, so a later part is judged on its own and not on the
-    learner's earlier parts. ``count`` names a notebook function whose calls are recorded (the
-    batch size, ``len`` of its first argument, of each): returns (the result, those sizes).
+    learner's earlier parts; and the names in ``lent`` to the objects given (at grading, the
+    stand-ins of what the tests lend: a ``CallSizes`` the tests read afterwards counts on
+    their side). ``count`` names a notebook function whose calls are recorded here (the batch
+    size, ``len`` of its first argument, of each): returns (the result, those sizes); at
+    grading those are the kernel's word, so a test that must not be forged lends instead.
     Runs in the learner's kernel; a trusted runner sends only names, so no test code crosses."""
     scope = getattr(getattr(fn, "func", fn), "__globals__", None)
     if not isinstance(scope, dict):
         raise TypeError("expected a function defined in the notebook")
     batches: list[int] = []
     bound = {name: _reference_piece(spec, scope) for name, spec in dict(pieces).items()}
+    bound.update({str(name): obj for name, obj in dict(lent or {}).items()})
     if count is not None:
         counted = scope[count]
 

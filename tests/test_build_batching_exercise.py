@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from build_exercise_checks import (check_build_source, check_named_mistakes,
                                    one_thread_kernels)  # noqa: F401 (autouse fixture)
-from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
-                             run_blank_release, run_probe, source_fixture)
+from exercise_checks import (check_sandboxed_grading, copy_notebook, exercise_paths, meta,
+                             needs_sandbox, run_blank_release, run_probe, source_fixture)
 
 NAME = "build_batching"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
@@ -124,4 +124,45 @@ def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alon
 
 @needs_sandbox
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
-    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)
+    # One prompt at a time, with the batch sizes reported by a patched call_with_pieces in
+    # the kernel: when the kernel counted forward_padded's calls this earned generate_static's
+    # points (issue 25); the tests count them on their side now.
+    forged = copy_notebook(source)
+    for cell in forged.cells:
+        if meta(cell).get("grade_id") == "generate_static":
+            cell.source = FORGED_ONE_BY_ONE
+    points = {"test_generate_static": 0, "test_pad_left": 3, "test_padded_mask": 3}
+    check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path,
+                            forged={"forged_batches": (forged, points)})
+
+
+FORGED_ONE_BY_ONE = """def generate_static(prompts, max_new_tokens, weights, cfg):
+    out = []
+    for p in prompts:
+        seq, new = list(p), []
+        while len(new) < max_new_tokens:
+            T = len(seq)
+            device = weights["model.embed_tokens.weight"].device
+            mask = torch.ones(1, T, T, dtype=torch.bool, device=device).tril()
+            logits = forward_padded(torch.tensor([seq], device=device),
+                                    torch.arange(T, device=device)[None], mask, weights, cfg)
+            new.append(int(logits[0, -1].argmax()))
+            seq.append(new[-1])
+            if new[-1] == cfg["eos_token_id"]:
+                break
+        out.append(new)
+    return out
+
+
+import autograder.build_checks as _b
+_real = _b.call_with_pieces
+
+
+def _reports_one_batch(fn, pieces, args, count=None, lent=None):
+    got, _ = _real(fn, pieces, args, None, lent)
+    return got, [len(args[0])]
+
+
+_b.call_with_pieces = _reports_one_batch
+for _with_pieces in [_reports_one_batch]:   # the name the tests used to fetch from the kernel
+    pass"""
