@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import check_build_source, one_thread_kernels  # noqa: F401 (autouse)
-from exercise_checks import (check_named_mistakes, check_sandboxed_grading, copy_notebook, errors,
+from build_exercise_checks import (check_build_source, check_named_mistakes,
+                                   one_thread_kernels)  # noqa: F401 (autouse)
+from exercise_checks import (check_sandboxed_grading, copy_notebook, errors,
                              execute, exercise_paths, meta, needs_sandbox, run_blank_release,
                              run_probe, source_fixture)
 
@@ -80,10 +81,42 @@ def _pasted_reference(name: str, as_name: str) -> str:
     return inspect.getsource(getattr(tinyserve.model, name)).replace(f"def {name}(", f"def {as_name}(", 1)
 
 
-# (test cell, code a learner might write in its place, a fragment the failure must contain)
+FORWARD = ("def forward(ids, positions, weights, cfg):\n"
+           "    E = weights['model.embed_tokens.weight']\n"
+           "    x = E[ids]\n"
+           "    for i in range(cfg['num_hidden_layers']):\n"
+           "        x = decoder_block(x, positions, layer_weights(weights, i), cfg)\n"
+           "    return {out}")
+GENERATE_SQUEEZED = ("def generate_no_cache(prompt_ids, n, weights, cfg):\n"
+                     "    ids, new = list(prompt_ids), []\n"
+                     "    while len(new) < n and len(ids) < cfg['max_position_embeddings']:\n"
+                     "        logits = forward(torch.tensor(ids, device=DEVICE), torch.arange(len(ids), device=DEVICE),\n"
+                     "                         weights, cfg).squeeze()\n"
+                     "        new.append(int(logits[-1].argmax()))\n"
+                     "        ids.append(new[-1])\n"
+                     "        if new[-1] == cfg['eos_token_id']:\n"
+                     "            break\n"
+                     "    return new")
+# Slips that break (raise, NaN, float64) what every later piece calls: each costs its own piece.
+ATTN_K_NOT_TRANSPOSED = ATTN.format(**GOOD_ATTN).replace("s = q @ k.transpose(-1, -2)", "s = q @ k")
+ATTN_STRICT = ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] < qp[:, None]), float('-inf'))"))
+TABLES_FLOAT64 = TABLES.format(layout="torch.cat([a, a], dim=-1)").replace("torch.float32", "torch.float64")
+LATER = ("test_decoder_block", "test_forward", "test_generate")
+
+# (test cell, code a learner might write in its place, a fragment the failure must contain;
+# None: with this earlier piece wrong, the test cell must pass)
 MISTAKES = [
     ("test_rms_norm", RMS.format(dim=-1, eps=""), "WITHOUT eps"),
     ("test_rms_norm", RMS.format(dim=0, eps=" + eps"), "wrong axis"),
+    ("test_rms_norm", RMS.format(dim=-1, eps=" + 1e-5"), "eps = 1e-05 written into the function"),
+    ("test_rope_tables", TABLES_FLOAT64, "build them in float32"),
+    ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask=(
+        "s = s.masked_fill(~(torch.arange(s.shape[-1], device=s.device)[None, :] "
+        "<= torch.arange(s.shape[-2], device=s.device)[:, None]), float('-inf'))"))), "compares indices, not positions"),
+    ("test_forward", FORWARD.format(out="(rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T).squeeze()"),
+     "dimension of size 1 was dropped"),
+    ("test_generate", GENERATE_SQUEEZED, "a .squeeze() drops it"),
+    *((later, wrong, None) for wrong in (ATTN_K_NOT_TRANSPOSED, ATTN_STRICT, TABLES_FLOAT64) for later in LATER),
     ("test_rope_tables", TABLES.format(layout="a.repeat_interleave(2, dim=-1)"), "interleaved"),
     ("test_apply_rotary", ROTARY_INTERLEAVED, "interleaved layout"),
     ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask="pass")), "no causal mask"),
@@ -94,13 +127,7 @@ MISTAKES = [
     ("test_attention_gqa", ATTN.format(**dict(GOOD_ATTN, rep="repeat(g, 1, 1)")), "repeat_interleave"),
     ("test_swiglu", "def swiglu_mlp(x, g, u, d):\n    return ((x @ g.T) * torch.nn.functional.silu(x @ u.T)) @ d.T",
      "silu is applied to the up projection"),
-    ("test_forward",
-     "def forward(ids, positions, weights, cfg):\n"
-     "    E = weights['model.embed_tokens.weight']\n"
-     "    x = E[ids]\n"
-     "    for i in range(cfg['num_hidden_layers']):\n"
-     "        x = decoder_block(x, positions, layer_weights(weights, i), cfg)\n"
-     "    return x @ E.T", "final RMSNorm"),
+    ("test_forward", FORWARD.format(out="x @ E.T"), "final RMSNorm"),
     ("test_generate",
      "_solution_generate = generate_no_cache\n"
      "def generate_no_cache(p, n, w, c):\n    return list(p) + _solution_generate(p, n, w, c)",
