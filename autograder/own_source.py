@@ -26,7 +26,7 @@ import textwrap
 import types
 from collections.abc import Mapping
 
-from .scan import global_names, to_python
+from .scan import _safe_magic, global_names, to_python
 
 REFERENCE = "tinyserve"
 # Names that reach other names at run time: code that uses them cannot be read for what it
@@ -88,15 +88,25 @@ def _bindings(sources: list[str]) -> dict[str, tuple[ast.AST, str]]:
     them, in order): (the node that binds it, its cell's source)."""
     out: dict[str, tuple[ast.AST, str]] = {}
     for source in sources:
-        text = to_python(source)
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
-        for stmt in tree.body:
-            for name, node in _bound_by(stmt):
-                out[name] = (node, text)
+        _bind(source, out)
     return out
+
+
+def _bind(source: str, out: dict, depth: int = 0) -> None:
+    """Record ``source``'s module-level bindings in ``out``, and those of the code a cell
+    magic runs (``%%time`` over a cell defines what the cell defines)."""
+    text = to_python(source)
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return
+    for stmt in tree.body:
+        for name, node in _bound_by(stmt):
+            out[name] = (node, text)
+        for sub in ast.walk(stmt) if depth < 4 else ():
+            magic = _safe_magic(sub)
+            for code in magic[1] if magic is not None else ():
+                _bind(code, out, depth + 1)
 
 
 def _bound_by(stmt: ast.stmt):

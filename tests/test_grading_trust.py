@@ -134,6 +134,8 @@ OWN = "def rms_norm(x, w, eps):\n    return x * torch.rsqrt(x.pow(2).mean(-1, ke
      "no cell defines"),
     (["def rms_norm(x, w, eps):\n    return F.scaled_dot_product_attention(x)"],
      "uses scaled_dot_product_attention"),
+    (["%%time\nfrom tinyserve.model import rms_norm as r\n"
+      "def rms_norm(x, w, eps):\n    return r(x, w, eps)"], "imports tinyserve.model"),
 ])
 def test_a_pieces_provenance_is_read_from_the_submitted_source(cells, why):
     from autograder.own_source import problems
