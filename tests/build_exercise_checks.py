@@ -35,6 +35,18 @@ def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
         exercise_checks.errors = errors
 
 
+def visible_only(source):
+    """A copy of ``source`` whose test cells keep their visible checks only (the hidden ones
+    removed as a release removes them): what Validate and a test cell run by the learner see."""
+    import re
+    nb = exercise_checks.copy_notebook(source)
+    for cell in nb.cells:
+        if is_test(cell):
+            cell.source = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", "", cell.source,
+                                 flags=re.S)
+    return nb
+
+
 @pytest.fixture(autouse=True)
 def one_thread_kernels(monkeypatch):
     """Imported by each build test module: the kernels its tests start run one torch thread,

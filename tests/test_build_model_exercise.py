@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import (check_build_source, check_named_mistakes,
-                                   one_thread_kernels)  # noqa: F401 (autouse)
+from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+                                   visible_only)
 from exercise_checks import (check_sandboxed_grading, copy_notebook, errors,
                              execute, exercise_paths, meta, needs_sandbox, run_blank_release,
                              run_probe, source_fixture)
@@ -161,6 +161,18 @@ def test_classic_mistakes_get_messages_that_name_them(source):
     """Each wrong answer runs against the real test cell (hidden tests included) in one kernel;
     the solution runs first, so each mistake is the only thing wrong in its cell."""
     check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+# Found only by calling the piece again with tinyserve hidden, which the hidden tests do.
+HIDDEN_ONLY = {"stops working when tinyserve is unavailable"}
+
+
+def test_validate_names_the_same_mistakes(source):
+    """Validate tells the truth (issue 26): with the hidden tests left out, each named mistake
+    still fails its test cell with its message, and each earlier slip still spares the later
+    pieces, so a green Validate is not docked at grading for a mistake the notebook warns about."""
+    check_named_mistakes(visible_only(source), SOURCE_DIR, ANSWER_CELLS,
+                         [m for m in MISTAKES if m[2] not in HIDDEN_ONLY], graded_cells_only=True)
 
 
 @pytest.mark.parametrize("cell, wrong, failing", [
