@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch import Tensor
 
 ENV_VAR = "TINYSERVE_DEVICE"
 
@@ -37,3 +38,19 @@ def resolve(device: torch.device | str | None = None,
     """Fill in whatever the caller left out."""
     dev = torch.device(device) if device is not None else default_device()
     return dev, (dtype if dtype is not None else default_dtype(dev))
+
+
+def upload(values: list[int] | list[float], device: torch.device | str,
+           dtype: torch.dtype = torch.long) -> Tensor:
+    """A host list as a tensor on ``device``, without the host waiting for the copy.
+
+    On CUDA a plain ``torch.tensor(values, device=...)`` copies from pageable memory and
+    blocks until the device has finished everything queued before it; from pinned (page-
+    locked) memory the copy is queued behind that work instead (``non_blocking``). Torch's
+    pinned-memory cache keeps the source block alive until the copy has run, so the list
+    can be dropped at once. On the CPU the tensor is already where it belongs.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

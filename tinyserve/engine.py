@@ -31,7 +31,7 @@ from .generate import PromptError, check_prompt
 from .model import TinyLlama
 from .paged import PagedKVCache, RowSpec
 from .policies import Policy
-from .sampling import SamplingParams, sample_with
+from .sampling import SamplingParams, sample_rows
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from .sequence import Sequence, SeqStatus
 
@@ -92,44 +92,41 @@ class ModelExecutor:
 
     @torch.no_grad()
     def execute(self, batch: ScheduledBatch, blocks: BlockManager) -> list[int | None]:
-        ids: list[int] = []
-        positions: list[int] = []
+        """One forward pass over the batch's new tokens, then a token for every row that
+        reached the end of its sequence. The step's inputs go to the device in one copy
+        (:class:`~tinyserve.paged.StepLayout`) and the sampled tokens come back in one read:
+        the only point where the host waits for the device."""
         rows = []
         bs = blocks.block_size
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed
-            ids += seq.token_ids[start:start + n]
-            positions += range(start, start + n)
             # Slot of position p: table[p // block_size] * block_size + p % block_size. Only
             # the new tokens' slots are listed; the cache reads the context by block.
             table = blocks.tables[seq.seq_id].blocks
             new = [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            # Only a row that reaches the end of its sequence samples; a prefill chunk that
+            # is not the last one produces no token, so its logits are never computed.
             rows.append(RowSpec(new_slots=new, context_slots=None, start=start,
-                                block_table=table))
-        device = self.model.device
-        self.cache.prepare(rows)
-        # Only a row that reaches the end of its sequence samples; a prefill chunk that is
-        # not the last one produces no token, so its logits are never computed.
-        ends, offset = [], 0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            offset += n
-            ends.append(offset - 1 if seq.num_computed + n >= seq.num_tokens else None)
-        at = torch.tensor([e for e in ends if e is not None], device=device, dtype=torch.long)
-        logits = self.model(torch.tensor([ids], device=device),
-                            torch.tensor([positions], device=device), self.cache, logits_at=at)[0]
-        # Greedy rows (sample()'s temperature-0 case, an argmax) are picked together: one
-        # operation and one read-back for the step instead of one per row.
-        greedy = logits.argmax(dim=-1).tolist() if len(at) else []
-        out: list[int | None] = []
-        j = 0
-        for seq, end in zip(batch.seqs, ends):
-            if end is None:
-                out.append(None)
-                continue
-            out.append(greedy[j] if seq.sampling.temperature == 0 else
-                       int(sample_with(logits[j:j + 1], seq.sampling, seq.generator)))
-            j += 1
-        return out
+                                block_table=table, token_ids=seq.token_ids[start:start + n],
+                                sample=start + n >= seq.num_tokens))
+        layout = self.cache.prepare(rows)
+        sampled = [seq for seq, row in zip(batch.seqs, rows) if row.sample]
+        # positions=None: the paged cache hands the model the positions it was prepared with.
+        logits = self.model(layout.input_ids, None, self.cache, logits_at=layout.logits_at)[0]
+        tokens = iter(sample_rows(logits, [seq.sampling for seq in sampled],
+                                  [self._generator(seq) for seq in sampled]).tolist()
+                      if sampled else [])             # the step's one read from the device
+        return [next(tokens) if row.sample else None for row in rows]
+
+    def _generator(self, seq: Sequence) -> torch.Generator | None:
+        """The request's seeded generator, on the model's device (where its draws are made).
+
+        A sequence is created with a CPU generator; on another device it is replaced by one
+        seeded the same before its first draw (only the executor draws from it)."""
+        gen = seq.generator
+        if gen is not None and gen.device.type != self.model.device.type:
+            gen = seq.generator = seq.sampling.generator(self.model.device)
+        return gen
 
 
 class Engine:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .config import ModelConfig
+from .device import upload
 
 
 class CacheFullError(ValueError):
@@ -61,6 +62,9 @@ class KVCache:
         self._k_positions: Tensor | None = None  # (B, Tk) position of each returned slot,
         self._n_visible = 0                      # or None when all Tk = _n_visible are visible
         self._write: tuple[Tensor, Tensor] | slice = slice(0)  # where this step's tokens go
+        # The positions handed out by step_positions, with each row's first one: update()
+        # recognises that tensor and takes its values from here instead of reading it back.
+        self._planned: tuple[Tensor, list[int]] | None = None
 
     @classmethod
     def for_model(cls, model: torch.nn.Module, batch_size: int = 1,
@@ -103,16 +107,52 @@ class KVCache:
         n = self._n_visible
         return self.k[layer].narrow(2, 0, n), self.v[layer].narrow(2, 0, n), self._k_positions
 
+    def step_positions(self, batch: int, tokens: int) -> Tensor:
+        """Positions (B, T) of a step that appends ``tokens`` tokens to every row: row b's
+        go at ``lengths[b], lengths[b] + 1, ...``.
+
+        The model asks for them when it is called with ``positions=None``. They come from
+        the lengths the host already holds, so the step checks and plans its writes with
+        no value read back from the device (explicit positions must be read: they may
+        overwrite, or be wrong). The window check happens here, before anything runs.
+        """
+        if batch != self.batch_size:
+            raise ValueError(f"the cache holds {self.batch_size} sequences, got a batch of "
+                             f"{batch}")
+        if tokens < 1:
+            raise ValueError("nothing to write: the step has no tokens")
+        self._check_fits(max(self.lengths) + tokens - 1)
+        device, first = self.k.device, list(self.lengths)
+        steps = torch.arange(tokens, device=device)
+        if len(set(first)) == 1:     # every row at one length: no per-row values to send
+            positions = (steps + first[0]).expand(batch, tokens)
+        else:
+            positions = upload(first, device)[:, None] + steps
+        self._planned = (positions, first)
+        return positions
+
+    def _check_fits(self, position: int) -> None:
+        if position >= self.max_seq:
+            window = self.config.max_position_embeddings
+            where = (f"outside the context window of {window} tokens" if position >= window
+                     else f"past the KV cache, which holds {self.max_seq} tokens per sequence "
+                          f"(the context window is {window})")
+            raise CacheFullError(
+                f"position {position} does not fit: it is {where}; shorten the prompt or "
+                f"lower max_tokens so prompt + output <= {self.max_seq}.")
+
     def _advance(self, positions: Tensor) -> None:
         if positions.numel() == 0:
             raise ValueError("nothing to write: the step has no tokens")
-        first = positions.min(dim=1).values.tolist()
-        last = positions.max(dim=1).values.tolist()
-        if max(last) >= self.max_seq:
-            raise CacheFullError(
-                f"position {max(last)} does not fit: the KV cache holds {self.max_seq} tokens "
-                f"per sequence (the context window is {self.config.max_position_embeddings}); "
-                f"shorten the prompt or lower max_tokens so prompt + output <= {self.max_seq}.")
+        B, T = positions.shape
+        planned, self._planned = self._planned, None
+        if planned is not None and planned[0] is positions:
+            first = planned[1]                        # known on the host: nothing to read
+            last = [lo + T - 1 for lo in first]
+        else:   # positions from the caller: one read for both ends of every row
+            lo, hi = positions.aminmax(dim=1)
+            first, last = torch.stack((lo, hi)).tolist()
+        self._check_fits(max(last))
         if min(first) < 0:
             raise ValueError("positions must be >= 0; padding belongs after a row's tokens "
                              "and is forgotten with rewind()")
@@ -121,7 +161,6 @@ class KVCache:
                 # A gap would leave unwritten slots that the mask treats as real tokens.
                 raise ValueError(f"row {b} holds {self.lengths[b]} tokens, so its next write "
                                  f"must start at position {self.lengths[b]}, not {lo}")
-        B, T = positions.shape
         # The common decode step: one new token per row, every row appending at the same
         # position. Then every slot a row has written is visible to its one query, so no
         # mask is needed and the slot positions need not be built (about a dozen small
@@ -141,7 +180,7 @@ class KVCache:
     def _refresh_positions(self) -> None:
         n = max(self.lengths)
         slots = torch.arange(n, device=self.k.device)
-        lengths = torch.tensor(self.lengths, device=self.k.device)
+        lengths = upload(self.lengths, self.k.device)
         self._k_positions = torch.where(slots[None, :] < lengths[:, None], slots, -1)
         self._n_visible = n
 
@@ -159,6 +198,7 @@ class KVCache:
             if not 0 <= n <= self.lengths[b]:
                 raise ValueError(f"row {b} holds {self.lengths[b]} tokens; cannot rewind to {n}")
         self.lengths = list(lengths)
+        self._planned = None
         self._refresh_positions()
 
     def reset(self) -> None:

@@ -312,6 +312,11 @@ class TinyLlama(nn.Module):
             self.__dict__["_rope_table"] = table
         return table[1][positions][:, None], table[2][positions][:, None]
 
+    def _outside_window(self, position: int) -> str:
+        limit = self.config.max_position_embeddings
+        return (f"position {position} is outside the context window of {limit} tokens; "
+                f"shorten the prompt or lower max_tokens so prompt + output <= {limit}.")
+
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVStore | AttentionBackend | None = None,
                 logits_at: Tensor | None = None) -> Tensor:
@@ -321,22 +326,31 @@ class TinyLlama(nn.Module):
         a serving step samples from one position per sequence, and scoring the whole
         vocabulary at every prompt position would cost more than the rest of the model.
 
-        ``positions`` (B, T) or (T,) defaults to 0..T-1. Positions must lie inside the
-        context window; the error says so rather than failing deep inside attention.
+        ``positions`` (B, T) or (T,) defaults to 0..T-1, or, with a cache that keeps its
+        lengths on the host (``step_positions``: the contiguous and the paged cache), to the
+        positions the cache says come next. Positions must lie inside the context window;
+        the error says so rather than failing deep inside attention.
+
+        Where the positions come from decides whether the step waits on the device: the
+        defaults are known on the host, so they are checked there; explicit positions are a
+        tensor whose largest value must be read back (on a GPU, a synchronisation per step).
         """
         B, T = input_ids.shape
-        contiguous = positions is None  # 0..T-1 in every row: the plain causal triangle
-        if positions is None:
+        contiguous = positions is None and cache is None  # 0..T-1: the plain causal triangle
+        limit = self.config.max_position_embeddings
+        if positions is None and hasattr(cache, "step_positions"):
+            positions = cache.step_positions(B, T)   # type: ignore[union-attr]  # checks the window
+        elif positions is None:
+            if T > limit:
+                raise ValueError(self._outside_window(T - 1))
             positions = torch.arange(T, device=input_ids.device)
+        # Explicit positions: the check reads a value back from the device; a compiled step
+        # (static shapes, positions checked by its caller) must not, so it skips it while
+        # tracing.
+        elif T and not torch.compiler.is_compiling() and int(positions.max()) >= limit:
+            raise ValueError(self._outside_window(int(positions.max())))
         if positions.dim() == 1:
             positions = positions.expand(B, T)
-        limit = self.config.max_position_embeddings
-        # The check reads a value back from the device; a compiled step (static shapes,
-        # positions checked by its caller) must not, so it skips it while tracing.
-        if T and not torch.compiler.is_compiling() and int(positions.max()) >= limit:
-            raise ValueError(
-                f"position {int(positions.max())} is outside the context window of {limit} "
-                f"tokens; shorten the prompt or lower max_tokens so prompt + output <= {limit}.")
         cos, sin = self.rope(positions)
         x = self.model.embed_tokens(input_ids)
         masks: dict[str, Tensor] = {}   # the attention mask, built by layer 0, read by all

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ModelConfig
+from .device import upload
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class RowSpec:
     # The row's block table, when its context slots are whole blocks in table order
     # (``block * block_size + offset``): a decode row is then gathered a block at a time.
     block_table: Sequence[int] | None = None
+    # What the engine adds, so that the step's inputs travel with its indices (one copy):
+    token_ids: Sequence[int] | None = None  # the new tokens' ids
+    sample: bool = False                    # the row's last token gets logits (it samples)
 
     @property
     def length(self) -> int:
@@ -52,19 +56,42 @@ class RowSpec:
         return self.start + len(self.new_slots)
 
 
-def _long(values: Sequence[int] | Tensor) -> Tensor:
-    return torch.as_tensor(values, dtype=torch.long)
+def _ints(values: Sequence[int] | Tensor) -> list[int]:
+    return values.tolist() if isinstance(values, Tensor) else list(values)
 
 
-def _flat(parts: Sequence[Sequence[int] | Tensor]) -> Tensor:
-    """Concatenate integer lists (one tensor built from Python ints) or tensors."""
-    if any(isinstance(p, Tensor) for p in parts):
-        return torch.cat([_long(p) for p in parts])
-    return torch.tensor([x for p in parts for x in p], dtype=torch.long)
+class _Staging:
+    """Integer lists gathered into one host buffer, sent to the device in one copy.
+
+    A step needs seven or eight small index tensors; made one by one, each would be its own
+    host-to-device copy, and on CUDA a copy from ordinary (pageable) memory waits for the
+    device to finish everything queued before it. One buffer makes one copy, from pinned
+    memory, queued without waiting (:func:`tinyserve.device.upload`)."""
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.spans: list[tuple[int, int]] = []
+
+    def add(self, values: Sequence[int]) -> int:
+        """Stage ``values``; returns the index of its tensor in :meth:`upload`'s list."""
+        start = len(self.values)
+        self.values.extend(values)
+        self.spans.append((start, len(self.values)))
+        return len(self.spans) - 1
+
+    def upload(self, device: torch.device) -> list[Tensor]:
+        flat = upload(self.values, device)
+        return [flat[a:b] for a, b in self.spans]
 
 
 class StepLayout:
-    """Index tensors for one step, computed once and read by every layer."""
+    """Index tensors for one step, computed once and read by every layer.
+
+    Everything is known on the host (slots, positions, lengths: the block manager's
+    bookkeeping), so the layout is built from Python ints and sent to the device in one
+    copy; masks are then made on the device from the lengths. ``input_ids`` (1, N) and
+    ``logits_at`` are set when the rows carry ``token_ids`` and ``sample`` flags.
+    """
 
     def __init__(self, rows: Sequence[RowSpec], device: torch.device,
                  block_size: int | None = None) -> None:
@@ -74,27 +101,49 @@ class StepLayout:
                                  "cache's block_size to find its slots")
         sizes = [len(r.new_slots) for r in rows]
         self.num_tokens = sum(sizes)
-        self.write_slots = _flat([r.new_slots for r in rows]).to(device)
+        self.max_position = max((r.length - 1 for r in rows), default=-1)
+        stage = _Staging()
+        write = stage.add([s for r in rows for s in _ints(r.new_slots)])
+        positions = stage.add([p for r, n in zip(rows, sizes) for p in range(r.start, r.start + n)])
+        with_ids = all(r.token_ids is not None for r in rows)
+        ids = stage.add([t for r in rows for t in r.token_ids or ()]) if with_ids else None
         # Where each row's new tokens sit in the flat token list.
         offsets = [0] * len(rows)
         for i in range(1, len(rows)):
             offsets[i] = offsets[i - 1] + sizes[i - 1]
+        at = stage.add([offsets[i] + n - 1 for i, (r, n) in enumerate(zip(rows, sizes))
+                        if r.sample])
         self.decode_rows = [i for i, n in enumerate(sizes) if n == 1]
         self.prefill_rows = [i for i, n in enumerate(sizes) if n > 1]
-        if self.decode_rows:
-            self._decode(rows, offsets, device, block_size)
+        decode = self._stage_decode(rows, offsets, block_size, stage) if self.decode_rows else None
+        prefill = [stage.add(_context_slots(rows[i], block_size))
+                   for i in self.prefill_rows]
+
+        tensors = stage.upload(device)           # the step's one host-to-device copy
+        self.write_slots = tensors[write]
+        self.positions = tensors[positions]                          # (N,)
+        self.input_ids = tensors[ids][None] if ids is not None else None   # (1, N)
+        self.logits_at = tensors[at]
+        if decode is not None:
+            gather, lengths, tokens, width = decode
+            self.decode_gather = tensors[gather]
+            # No mask when every row sees the whole padded width (rows of one length).
+            self.decode_mask = None if lengths is None else (
+                torch.arange(width, device=device)[None, :] < tensors[lengths][:, None]
+            )[:, None, None, :]                                     # (D, 1, 1, width)
+            self.decode_tokens = tensors[tokens]
         self.prefill_meta = []
-        for i in self.prefill_rows:
+        for i, ctx in zip(self.prefill_rows, prefill):
             n, width = sizes[i], rows[i].length
-            ctx = _context_slots(rows[i], block_size)
             q_pos = torch.arange(rows[i].start, rows[i].start + n, device=device)
             k_pos = torch.arange(width, device=device)
             mask = (k_pos[None, :] <= q_pos[:, None])[None, None]       # (1, 1, n, ctx)
-            self.prefill_meta.append((offsets[i], n, ctx.to(device), mask))
+            self.prefill_meta.append((offsets[i], n, tensors[ctx], mask))
 
-    def _decode(self, rows: Sequence[RowSpec], offsets: list[int], device: torch.device,
-                block_size: int | None) -> None:
-        """The decode rows' gather: one padded batch of ``decode_width`` keys per row."""
+    def _stage_decode(self, rows: Sequence[RowSpec], offsets: list[int],
+                      block_size: int | None, stage: _Staging) -> tuple:
+        """Stage the decode rows' gather: one padded batch of ``decode_width`` keys per row.
+        Returns the staged parts (gather, lengths or None, tokens) and the padded width."""
         picked = [rows[i] for i in self.decode_rows]
         lengths = [r.length for r in picked]
         # By whole blocks when every row has its block table: one index per block_size
@@ -108,28 +157,26 @@ class StepLayout:
             per_row = [list(r.block_table[:k]) for r, k in zip(picked, need)]  # type: ignore[index]
         else:
             unit = 1
-            per_row = [_context_slots(r, block_size).tolist() for r in picked]
+            per_row = [_context_slots(r, block_size) for r in picked]
         most = max(len(p) for p in per_row)
         self.decode_unit = unit                                     # slots per gathered index
-        self.decode_gather = torch.tensor([p + [0] * (most - len(p)) for p in per_row],
-                                          dtype=torch.long, device=device).flatten()
+        gather = stage.add([x for p in per_row for x in p + [0] * (most - len(p))])
         width = most * unit
-        # No mask when every row sees the whole padded width (rows of one length).
-        self.decode_mask = None if min(lengths) == width else (
-            torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
-        )[:, None, None, :].to(device)                              # (D, 1, 1, width)
+        lengths_part = None if min(lengths) == width else stage.add(lengths)
         # The engine schedules decodes first: their tokens then open the flat list and are
         # read and written as a slice, not through an index.
         self.decode_prefix = self.decode_rows == list(range(len(picked)))
-        self.decode_tokens = torch.tensor([offsets[i] for i in self.decode_rows], device=device)
+        tokens = stage.add([offsets[i] for i in self.decode_rows])
+        return gather, lengths_part, tokens, width
 
 
-def _context_slots(row: RowSpec, block_size: int | None) -> Tensor:
+def _context_slots(row: RowSpec, block_size: int | None) -> list[int]:
     """Slot of every position the row attends to, from its list or its block table."""
     if row.context_slots is not None:
-        return _long(row.context_slots)
-    table = _long(row.block_table[:-(-row.length // block_size)])  # type: ignore[index, operator]
-    return (table[:, None] * block_size + torch.arange(block_size)).flatten()[:row.length]
+        return _ints(row.context_slots)
+    assert row.block_table is not None and block_size is not None
+    table = row.block_table[:-(-row.length // block_size)]
+    return [b * block_size + o for b in table for o in range(block_size)][:row.length]
 
 
 class PagedKVCache:
@@ -163,8 +210,24 @@ class PagedKVCache:
         return self.nbytes // self.num_blocks
 
     def prepare(self, rows: Sequence[RowSpec]) -> StepLayout:
-        self.layout = StepLayout(rows, self.k.device, self.block_size)
-        return self.layout
+        layout = StepLayout(rows, self.k.device, self.block_size)
+        window = self.config.max_position_embeddings
+        if layout.max_position >= window:
+            raise ValueError(
+                f"position {layout.max_position} is outside the context window of {window} "
+                f"tokens; shorten the prompt or lower max_tokens so prompt + output <= "
+                f"{window}.")
+        self.layout = layout
+        return layout
+
+    def step_positions(self, batch: int, tokens: int) -> Tensor:
+        """The prepared step's positions, (1, N): the model's default when it is called
+        with ``positions=None`` (known on the host, checked against the window in
+        :meth:`prepare`, so nothing is read back)."""
+        lay = self.layout
+        if lay is None or batch != 1 or tokens != lay.num_tokens:
+            raise ValueError("call prepare() with this step's rows before the forward pass")
+        return lay.positions[None]
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Write the step's keys/values and return attention output ``(1, heads, N, hd)``.

@@ -3,13 +3,22 @@
 The order is the one vLLM and Hugging Face use: divide by the temperature, then cut the
 candidates with top-k and top-p, then draw from what is left. Cutting sets a logit to
 ``-inf``, so the softmax gives it exactly zero probability and it can never be drawn.
+
+Two ways to draw. :func:`sample` is the reference: one set of parameters, the draw on the
+CPU, so a seed gives the same tokens on any device. :func:`sample_rows` is what a serving
+step uses: every row with its own parameters and generator, on the logits' device, in one
+batch, and nothing read back: the caller reads the step's tokens once.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from .device import upload
 
 
 @dataclass(frozen=True)
@@ -29,8 +38,12 @@ class SamplingParams:
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
-    def generator(self) -> torch.Generator | None:
-        return torch.Generator().manual_seed(self.seed) if self.seed is not None else None
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """A generator seeded with ``seed`` (None when unseeded), on ``device``: a draw
+        needs its generator on the device its numbers are made on."""
+        if self.seed is None:
+            return None
+        return torch.Generator(device).manual_seed(self.seed)
 
 
 def greedy(logits: Tensor) -> Tensor:
@@ -45,7 +58,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def top_p_filter(logits: Tensor, p: float) -> Tensor:
+def top_p_filter(logits: Tensor, p: float | Tensor) -> Tensor:
     """Nucleus filter: keep token i when the probability mass of the tokens *more likely*
     than i is below ``p``; set the rest to -inf.
 
@@ -90,3 +103,46 @@ def sample_with(logits: Tensor, params: SamplingParams,
                 generator: torch.Generator | None = None) -> Tensor:
     """``sample`` driven by a :class:`SamplingParams`."""
     return sample(logits, params.temperature, generator, top_k=params.top_k, top_p=params.top_p)
+
+
+def sample_rows(logits: Tensor, params: Sequence[SamplingParams],
+                generators: Sequence[torch.Generator | None]) -> Tensor:
+    """One token per row of ``logits`` (R, vocab) -> (R,), row r drawn with ``params[r]``
+    and ``generators[r]`` (each on the logits' device, or None for the default one), on that
+    device, without reading anything back.
+
+    The draw is ``torch.multinomial``'s own for one sample: ``argmax(p / E)`` with
+    ``E ~ Exp(1)`` drawn per vocabulary entry (the exponential race: the index of the first
+    of V exponential clocks of rates ``p_i`` to ring, which is index i with probability
+    ``p_i``). Drawn here, each row's noise comes from its own generator, so a seeded
+    request's tokens do not depend on its batch, and with a CPU generator they equal
+    :func:`sample`'s exactly. ``multinomial`` itself also reads its probabilities back to
+    check them (a synchronisation per call on a GPU); this does not.
+    """
+    greedy = logits.argmax(dim=-1)
+    hot = [r for r, p in enumerate(params) if p.temperature > 0]
+    if not hot:
+        return greedy
+    vocab = logits.shape[-1]
+    # Per-row settings in one small copy: temperature (0: greedy, the row's draw is
+    # discarded), top-k (the vocabulary when off) and top-p (+inf when off: nothing cut).
+    settings = upload([[p.temperature,
+                        float(min(p.top_k, vocab)) if p.top_k is not None else vocab,
+                        p.top_p if p.top_p is not None and p.top_p < 1 else math.inf]
+                       for p in params], logits.device, torch.float32)
+    temperature, top_k, top_p = settings[:, :1], settings[:, 1:2], settings[:, 2:]
+    scaled = logits.float() / torch.where(temperature > 0, temperature, 1.0)
+    if any(p.top_k is not None for p in params):
+        most = min(max(p.top_k or 1 for p in params), vocab)
+        ranked = torch.topk(scaled, most, dim=-1).values             # (R, most)
+        kth = ranked.gather(-1, (top_k.long().clamp(max=most) - 1))   # (R, 1)
+        kth = torch.where(top_k < vocab, kth, float("-inf"))         # rows without top-k
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if any(p.top_p is not None and p.top_p < 1 for p in params):
+        scaled = top_p_filter(scaled, top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    race = torch.ones_like(probs)
+    for r in hot:
+        race[r].exponential_(generator=generators[r])
+    drawn = (probs / race).argmax(dim=-1)
+    return drawn if len(hot) == len(params) else torch.where(temperature[:, 0] > 0, drawn, greedy)
