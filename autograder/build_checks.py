@@ -405,6 +405,40 @@ def piece_forward(ids: Tensor, positions: Tensor, weights: dict, cfg: dict) -> T
     return piece_rms_norm(x, weights["model.norm.weight"], cfg["rms_norm_eps"]) @ E.T
 
 
+def piece_forward_cached(ids: Tensor, positions: Tensor, weights: dict, cfg: dict, cache) -> Tensor:
+    """build_kv_cache's forward_cached: ``piece_forward`` with each layer's keys and values
+    written to ``cache`` (its ``write`` interface) and attention over what the write returns."""
+    E = weights["model.embed_tokens.weight"]
+    x, d = E[ids], cfg["head_dim"]
+    cos, sin = piece_rope_tables(positions, d, cfg["rope_theta"])
+    for i in range(cfg["num_hidden_layers"]):
+        prefix = f"model.layers.{i}."
+        w = {n[len(prefix):]: t for n, t in weights.items() if n.startswith(prefix)}
+        n = piece_rms_norm(x, w["input_layernorm.weight"], cfg["rms_norm_eps"])
+        q, k, v = ((n @ w[f"self_attn.{p}_proj.weight"].T).view(len(ids), -1, d).transpose(0, 1)
+                   for p in "qkv")
+        keys, values = cache.write(i, piece_apply_rotary(k, cos, sin), v, positions)
+        a = piece_attention(piece_apply_rotary(q, cos, sin), keys, values, positions,
+                            torch.arange(keys.shape[1], device=keys.device))
+        h = x + a.transpose(0, 1).reshape(len(ids), -1) @ w["self_attn.o_proj.weight"].T
+        n = piece_rms_norm(h, w["post_attention_layernorm.weight"], cfg["rms_norm_eps"])
+        x = h + piece_swiglu_mlp(n, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
+                                 w["mlp.down_proj.weight"])
+    return piece_rms_norm(x, weights["model.norm.weight"], cfg["rms_norm_eps"]) @ E.T
+
+
+def piece_prefill(prompt_ids: list[int], weights: dict, cfg: dict, cache) -> Tensor:
+    device = weights["model.embed_tokens.weight"].device
+    return piece_forward_cached(torch.tensor(prompt_ids, device=device),
+                                torch.arange(len(prompt_ids), device=device), weights, cfg, cache)
+
+
+def piece_decode_step(token: int, weights: dict, cfg: dict, cache) -> Tensor:
+    device = weights["model.embed_tokens.weight"].device
+    return piece_forward_cached(torch.tensor([token], device=device),
+                                torch.tensor([cache.length], device=device), weights, cfg, cache)[-1]
+
+
 def _reference_piece(spec: object, scope: dict):
     """The reference function ``spec`` names: "tinyserve.module.name" (or one of this
     module's ``piece_...`` functions), or [that, {parameter: notebook name}] for a reference

@@ -100,7 +100,43 @@ GENERATE_REFEEDS = GENERATE_RECOMPUTES.replace(
     "forward(torch.tensor(ids, device=DEVICE), torch.arange(len(ids), device=DEVICE),\n"
     "                            weights, cfg)", "prefill(ids, weights, cfg, cache)")
 
+BYTES = ("def cache_bytes(cfg, tokens, bytes_per_elem):\n"
+         "    return {value}")
+GENERATE_UNSTOPPED = ("def generate_cached(prompt_ids, n, weights, cfg, cache):\n"
+                      "    new = []\n"
+                      "    logits = prefill(prompt_ids, weights, cfg, cache)[-1]\n"
+                      "    while True:\n"
+                      "        new.append(int(logits.argmax()))\n"
+                      "        if {stop}len(new) == n:\n"
+                      "            return new\n"
+                      "        logits = decode_step(new[-1], weights, cfg, cache)")
+# Key positions read before the write: the cache's length is the old one, so the mask does not
+# fit the keys (the slip raises). Parts 4 and 5 keep their points: judged on the reference.
+FORWARD_EARLY_POSITIONS = (
+    "def forward_cached(ids, positions, weights, cfg, cache):\n"
+    "    x = embed(ids, weights)\n"
+    "    for i in range(cfg['num_hidden_layers']):\n"
+    "        w = layer_weights(weights, i)\n"
+    "        q, k, v = layer_qkv(x, positions, w, cfg)\n"
+    "        k_positions = torch.arange(cache.length, device=DEVICE)\n"
+    "        keys, values = cache.write(i, k, v, positions)\n"
+    "        x = layer_out(x, attention(q, keys, values, positions, k_positions), w, cfg)\n"
+    "    return logits_of(x, weights, cfg)")
+BYTES_FP16 = BYTES.format(value="2 * cfg['num_hidden_layers'] * tokens * cfg['num_key_value_heads'] * cfg['head_dim'] * 2")
+BYTES_FLOAT = BYTES.format(value="2.0 * cfg['num_hidden_layers'] * tokens * cfg['num_key_value_heads'] * cfg['head_dim'] * bytes_per_elem")
+
 MISTAKES = [
+    ("test_cache_bytes", BYTES_FP16, "element size is fixed at 2 bytes"),
+    ("test_cache_bytes", BYTES_FLOAT, "a number of bytes is an int"),
+    ("test_cache_alloc", BYTES_FP16, None),  # a wrong formula costs part 1a, not the allocation
+    ("test_cache_alloc", BYTES_FLOAT, None),
+    ("test_generate_cached", GENERATE_UNSTOPPED.format(stop="len(prompt_ids) + len(new) == cfg['max_position_embeddings'] or "),
+     "keeps going after the end token"),
+    ("test_generate_cached", GENERATE_UNSTOPPED.format(stop="new[-1] == cfg['eos_token_id'] or "),
+     "past the context window"),
+    ("test_prefill", FORWARD_EARLY_POSITIONS, None),
+    ("test_decode_step", FORWARD_EARLY_POSITIONS, None),
+    ("test_generate_cached", FORWARD_EARLY_POSITIONS, None),
     ("test_cache_write", CACHE_GROWN, "nothing was written into cache.k"),
     ("test_cache_write", CACHE_COPIED, "replaced cache.k or cache.v with a new tensor"),
     ("test_prefill", PREFILL_PER_TOKEN, "in ONE pass"),
