@@ -125,6 +125,16 @@ def copy_notebook(nb):
     return nbformat.from_dict(json.loads(json.dumps(nb)))
 
 
+def with_answers(nb, answers: dict[str, str]):
+    """A copy of ``nb`` whose answer cells named in ``answers`` (grade_id -> source) hold
+    that source instead: a submission made of the solution and a few other answers."""
+    out = copy_notebook(nb)
+    for cell in out.cells:
+        if meta(cell).get("grade_id") in answers:
+            cell.source = answers[meta(cell)["grade_id"]]
+    return out
+
+
 def with_source_tests(nb, source):
     """Put the source's test cells (hidden tests included) back by grade_id, as autograde does."""
     tests = {meta(c)["grade_id"]: c.source for c in source.cells if is_test(c)}

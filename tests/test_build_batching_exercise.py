@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from build_exercise_checks import (check_build_source, check_named_mistakes,
                                    one_thread_kernels)  # noqa: F401 (autouse fixture)
-from exercise_checks import (check_sandboxed_grading, copy_notebook, exercise_paths, meta,
-                             needs_sandbox, run_blank_release, run_probe, source_fixture)
+from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
+                             run_blank_release, run_probe, source_fixture, with_answers)
 
 NAME = "build_batching"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
@@ -127,10 +127,7 @@ def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
     # One prompt at a time, with the batch sizes reported by a patched call_with_pieces in
     # the kernel: when the kernel counted forward_padded's calls this earned generate_static's
     # points (issue 25); the tests count them on their side now.
-    forged = copy_notebook(source)
-    for cell in forged.cells:
-        if meta(cell).get("grade_id") == "generate_static":
-            cell.source = FORGED_ONE_BY_ONE
+    forged = with_answers(source, {"generate_static": FORGED_ONE_BY_ONE})
     points = {"test_generate_static": 0, "test_pad_left": 3, "test_padded_mask": 3}
     check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path,
                             forged={"forged_batches": (forged, points)})

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from build_exercise_checks import (check_build_source, check_named_mistakes,
                                    one_thread_kernels)  # noqa: F401 (autouse fixture)
-from exercise_checks import (check_sandboxed_grading, copy_notebook, exercise_paths, meta,
-                             needs_sandbox, run_blank_release, run_probe, source_fixture)
+from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
+                             run_blank_release, run_probe, source_fixture, with_answers)
 
 NAME = "build_speculative"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
@@ -103,10 +103,7 @@ def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alon
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
     # Plain greedy, then the pass counter set to 1: when the counting model lived in the
     # kernel this earned the loop's points (issue 25); the tests' own model counts now.
-    forged = copy_notebook(source)
-    for cell in forged.cells:
-        if meta(cell).get("grade_id") == "speculative":
-            cell.source = FORGED_PASSES
+    forged = with_answers(source, {"speculative": FORGED_PASSES})
     points = {"test_speculative_greedy": 0, "test_draft": 2, "test_accept_greedy": 2}
     check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path,
                             forged={"forged_passes": (forged, points)})
