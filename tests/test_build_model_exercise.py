@@ -116,6 +116,10 @@ MISTAKES = [
     ("test_forward", FORWARD.format(out="(rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T).squeeze()"),
      "dimension of size 1 was dropped"),
     ("test_generate", GENERATE_SQUEEZED, "a .squeeze() drops it"),
+    ("test_generate", GENERATE_SQUEEZED.replace(".squeeze()", "").replace(
+        "        if new[-1] == cfg['eos_token_id']:\n            break\n", ""), "keeps going after the end token"),
+    ("test_generate", GENERATE_SQUEEZED.replace(".squeeze()", "").replace(
+        " and len(ids) < cfg['max_position_embeddings']", ""), "keeps going past the context window"),
     *((later, wrong, None) for wrong in (ATTN_K_NOT_TRANSPOSED, ATTN_STRICT, TABLES_FLOAT64) for later in LATER),
     ("test_rope_tables", TABLES.format(layout="a.repeat_interleave(2, dim=-1)"), "interleaved"),
     ("test_apply_rotary", ROTARY_INTERLEAVED, "interleaved layout"),
