@@ -7,8 +7,8 @@ tinyserve's verifier, and sandboxed grading.
 """
 from __future__ import annotations
 
-from build_exercise_checks import (check_build_source, check_named_mistakes,
-                                   one_thread_kernels)  # noqa: F401 (autouse fixture)
+from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+                                   visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
                              run_blank_release, run_probe, source_fixture, with_answers)
 
@@ -82,6 +82,12 @@ MISTAKES = [
      LOOP.format(rollback="target.rollback(len(context) - 1)\n        dm.rollback(len(context) - 2)"),
      "no further"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, residual="p[i].clone()")), "drawn from p"),
+    ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="u < float(p[i, d])")), "kept with probability p(d)"),
+    ("test_draft", "def draft(dm, context, k):\n"
+                   "    guesses = [int(dm.feed(list(context))[-1].argmax())]\n"
+                   "    while len(guesses) < k:\n"
+                   "        guesses.append(int(dm.feed(guesses[-1:])[-1].argmax()))\n"
+                   "    return guesses", "feed only context[draft_model.length:]"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="True")), "follows the draft's q"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, bonus="")), "bonus token"),
     # The loop runs on tinyserve's draft and accept_greedy: wrong parts 1 and 2 (their own tests
@@ -96,6 +102,13 @@ MISTAKES = [
 
 def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alone(source):
     check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True,
+                         trusted=True)
+
+
+def test_validate_names_the_same_mistakes(source):
+    """Validate tells the truth (issue 26): with the hidden tests left out, each named mistake
+    still fails its test cell with its message (and wrong parts 1-2 still spare part 3)."""
+    check_named_mistakes(visible_only(source), SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True,
                          trusted=True)
 
 
