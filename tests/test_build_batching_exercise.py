@@ -7,8 +7,8 @@ earns nothing, named mistakes, no points for a piece taken from tinyserve, and s
 """
 from __future__ import annotations
 
-from build_exercise_checks import (check_build_source, check_named_mistakes,
-                                   one_thread_kernels)  # noqa: F401 (autouse fixture)
+from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+                                   visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
                              run_blank_release, run_probe, source_fixture, with_answers)
 
@@ -120,6 +120,13 @@ MISTAKES = [
 
 def test_classic_mistakes_get_messages_that_name_them_and_later_parts_stand_alone(source):
     check_named_mistakes(source, SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+def test_validate_names_the_same_mistakes(source):
+    """Validate tells the truth (issue 26): with the hidden tests left out, each named mistake
+    still fails its test cell with its message (and each earlier slip still spares the later
+    parts)."""
+    check_named_mistakes(visible_only(source), SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
 
 
 @needs_sandbox
