@@ -102,6 +102,9 @@ ATTN_K_NOT_TRANSPOSED = ATTN.format(**GOOD_ATTN).replace("s = q @ k.transpose(-1
 ATTN_STRICT = ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] < qp[:, None]), float('-inf'))"))
 TABLES_FLOAT64 = TABLES.format(layout="torch.cat([a, a], dim=-1)").replace("torch.float32", "torch.float64")
 LATER = ("test_decoder_block", "test_forward", "test_generate")
+RMS_IN_PLACE = ("def rms_norm(x, weight, eps):\n"
+                "    x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))\n"
+                "    return x * weight")
 
 # (test cell, code a learner might write in its place, a fragment the failure must contain;
 # None: with this earlier piece wrong, the test cell must pass)
@@ -121,6 +124,8 @@ MISTAKES = [
     ("test_generate", GENERATE_SQUEEZED.replace(".squeeze()", "").replace(
         " and len(ids) < cfg['max_position_embeddings']", ""), "keeps going past the context window"),
     *((later, wrong, None) for wrong in (ATTN_K_NOT_TRANSPOSED, ATTN_STRICT, TABLES_FLOAT64) for later in LATER),
+    ("test_rms_norm", RMS_IN_PLACE, "changed its input in place"),
+    ("test_decoder_block", RMS_IN_PLACE, None),
     ("test_rope_tables", TABLES.format(layout="a.repeat_interleave(2, dim=-1)"), "interleaved"),
     ("test_apply_rotary", ROTARY_INTERLEAVED, "interleaved layout"),
     ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask="pass")), "no causal mask"),
