@@ -39,10 +39,13 @@ def test_committed_without_outputs(path: Path) -> None:
         f"{path.name}: set the notebook's kernelspec to python3"
 
 
-# Appended to each run: every Prediction the chapter made, with what it measured.
+# Appended to each run: every Prediction the chapter made, with what it measured. By type,
+# not isinstance: isinstance on a dead weak proxy among gc's objects (torch.compile leaves
+# some) raises ReferenceError; type() never dereferences it.
 PROBE = ("import gc, json\nfrom tinyserve.workbook.predict import Prediction\n"
          "print('PREDICTIONS ' + json.dumps([{'question': p.question, 'unit': p.unit, "
-         "'measured': p.measured} for p in gc.get_objects() if isinstance(p, Prediction)]))")
+         "'measured': p.measured} for p in gc.get_objects() "
+         "if issubclass(type(p), Prediction)]))")
 _UNITS = {"x": r"\s*(x|×|times)\b", "%": r"\s*(%|percent)", "ms": r"\s*ms\b",
           "req/s": r"\s*(req/s|requests/s|requests per second)"}
 
