@@ -213,10 +213,16 @@ def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
     # Compared on the reference's device: a trusted runner receives tensors on the CPU.
     got32, want32 = got.detach().to(want.device).float(), want.float()
     ok = bool(_allclose(got32, want32, atol=atol, rtol=rtol))
-    message = f"differs from {what} (largest difference {float((got32 - want32).abs().max()):.3g})"
+    largest = float((got32 - want32).abs().max())
+    message = f"differs from {what} (largest difference {largest:.3g})"
     if not ok:
         if not bool(_isfinite(got32).all()):
             message = f"contains NaN or inf where {what} is finite"
+        elif got.dtype != want.dtype:
+            message += f": the result is {got.dtype}, {what} is {want.dtype}; compute in {want.dtype}"
+        elif largest <= 1e-2 * (1.0 + float(want32.abs().max())):
+            message += (": small everywhere, so the method is right and the arithmetic differs; look for "
+                        "a lower precision (float16, bfloat16) or a constant (eps) other than the one given")
         for wrong, why in mistakes:
             if tuple(wrong.shape) == shape and bool(
                     _allclose(got32, wrong.to(want.device).float(), atol=atol, rtol=rtol, equal_nan=True)):
@@ -273,6 +279,11 @@ def attention_variants(q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor):
               <= torch.arange(q.shape[1], device=qp.device)[:, None]),
          "the mask compares indices, not positions: a query at position 40 over 41 cached keys "
          "sees every key at positions <= 40; compare k_positions with q_positions"),
+        (torch.softmax((q @ ki.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf")),
+                       dim=-2) @ vi,
+         "softmax over the queries: each query's weights run over the KEYS, the last dimension"),
+        (torch.softmax((q @ ki.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask, 0.0), dim=-1) @ vi,
+         "masked scores set to 0: a score of 0 still gets weight exp(0) in the softmax; set them to -inf"),
         (sdpa(q, ki, vi, attn_mask=mask, scale=1 / q.shape[-1]),
          "scaled by head_dim: divide the scores by sqrt(head_dim)"),
         (sdpa(q, ki, vi, attn_mask=mask, scale=1.0),
@@ -382,17 +393,32 @@ def piece_swiglu_mlp(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) ->
     return linear(torch.nn.functional.silu(linear(x, w_gate)) * linear(x, w_up), w_down)
 
 
+def block_variants(x: Tensor, positions: Tensor, w: dict, cfg: dict) -> tuple:
+    """What the classic slips of a decoder block give, as ((wrong, why), ...)."""
+    return ((_block(x, positions, w, cfg, attn_residual=False),
+             "the attention's residual is missing: h = x + o_proj(attention(...))"),
+            (_block(x, positions, w, cfg, mlp_residual=False),
+             "the MLP's residual is missing: out = h + mlp(post_attention_layernorm(h))"),
+            (_block(x, positions, w, cfg, pre_norm=False),
+             "the attention reads x unnormalised: input_layernorm(x) feeds q, k and v (pre-norm)"))
+
+
 def piece_decoder_block(x: Tensor, positions: Tensor, w: dict, cfg: dict) -> Tensor:
+    return _block(x, positions, w, cfg)
+
+
+def _block(x: Tensor, positions: Tensor, w: dict, cfg: dict, attn_residual: bool = True,
+           mlp_residual: bool = True, pre_norm: bool = True) -> Tensor:
     T, d = x.shape[0], cfg["head_dim"]
-    n = piece_rms_norm(x, w["input_layernorm.weight"], cfg["rms_norm_eps"])
+    n = piece_rms_norm(x, w["input_layernorm.weight"], cfg["rms_norm_eps"]) if pre_norm else x
     q, k, v = ((n @ w[f"self_attn.{p}_proj.weight"].T).view(T, -1, d).transpose(0, 1) for p in "qkv")
     cos, sin = piece_rope_tables(positions, d, cfg["rope_theta"])
     a = piece_attention(piece_apply_rotary(q, cos, sin), piece_apply_rotary(k, cos, sin), v,
                         positions, positions)
-    h = x + a.transpose(0, 1).reshape(T, -1) @ w["self_attn.o_proj.weight"].T
+    h = x * attn_residual + a.transpose(0, 1).reshape(T, -1) @ w["self_attn.o_proj.weight"].T
     n = piece_rms_norm(h, w["post_attention_layernorm.weight"], cfg["rms_norm_eps"])
-    return h + piece_swiglu_mlp(n, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
-                                w["mlp.down_proj.weight"])
+    return h * mlp_residual + piece_swiglu_mlp(n, w["mlp.gate_proj.weight"], w["mlp.up_proj.weight"],
+                                               w["mlp.down_proj.weight"])
 
 
 def piece_forward(ids: Tensor, positions: Tensor, weights: dict, cfg: dict) -> Tensor:

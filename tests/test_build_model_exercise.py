@@ -102,6 +102,17 @@ ATTN_K_NOT_TRANSPOSED = ATTN.format(**GOOD_ATTN).replace("s = q @ k.transpose(-1
 ATTN_STRICT = ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] < qp[:, None]), float('-inf'))"))
 TABLES_FLOAT64 = TABLES.format(layout="torch.cat([a, a], dim=-1)").replace("torch.float32", "torch.float64")
 LATER = ("test_decoder_block", "test_forward", "test_generate")
+BLOCK_NO_RESIDUAL = ("def decoder_block(x, positions, w, cfg):\n"
+                     "    T, H, K, d = x.shape[0], cfg['num_attention_heads'], cfg['num_key_value_heads'], cfg['head_dim']\n"
+                     "    n = rms_norm(x, w['input_layernorm.weight'], cfg['rms_norm_eps'])\n"
+                     "    q = (n @ w['self_attn.q_proj.weight'].T).view(T, H, d).transpose(0, 1)\n"
+                     "    k = (n @ w['self_attn.k_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
+                     "    v = (n @ w['self_attn.v_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
+                     "    cos, sin = rope_tables(positions, d, cfg['rope_theta'])\n"
+                     "    a = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, positions, positions)\n"
+                     "    h = a.transpose(0, 1).reshape(T, H * d) @ w['self_attn.o_proj.weight'].T\n"
+                     "    n = rms_norm(h, w['post_attention_layernorm.weight'], cfg['rms_norm_eps'])\n"
+                     "    return h + swiglu_mlp(n, w['mlp.gate_proj.weight'], w['mlp.up_proj.weight'], w['mlp.down_proj.weight'])")
 RMS_IN_PLACE = ("def rms_norm(x, weight, eps):\n"
                 "    x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))\n"
                 "    return x * weight")
@@ -125,6 +136,13 @@ MISTAKES = [
         " and len(ids) < cfg['max_position_embeddings']", ""), "keeps going past the context window"),
     *((later, wrong, None) for wrong in (ATTN_K_NOT_TRANSPOSED, ATTN_STRICT, TABLES_FLOAT64) for later in LATER),
     ("test_rms_norm", RMS_IN_PLACE, "changed its input in place"),
+    # Slips no message named before (issue 26): each now names its cause.
+    ("test_attention_causal", ATTN.format(**GOOD_ATTN).replace("dim=-1", "dim=-2"), "softmax over the queries"),
+    ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] <= qp[:, None]), 0.0)")),
+     "masked scores set to 0"),
+    ("test_decoder_block", BLOCK_NO_RESIDUAL, "the attention's residual is missing"),
+    ("test_forward", FORWARD.format(out="rms_norm(rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']), "
+                                        "weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T"), "applied twice"),
     ("test_decoder_block", RMS_IN_PLACE, None),
     ("test_rope_tables", TABLES.format(layout="a.repeat_interleave(2, dim=-1)"), "interleaved"),
     ("test_apply_rotary", ROTARY_INTERLEAVED, "interleaved layout"),
