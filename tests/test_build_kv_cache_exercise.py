@@ -137,6 +137,9 @@ MISTAKES = [
     ("test_prefill", FORWARD_EARLY_POSITIONS, None),
     ("test_decode_step", FORWARD_EARLY_POSITIONS, None),
     ("test_generate_cached", FORWARD_EARLY_POSITIONS, None),
+    ("test_generate_cached", "def prefill(prompt_ids, weights, cfg, cache):\n    raise ValueError('not yet')", None),
+    ("test_generate_cached", "def decode_step(token, weights, cfg, cache):\n"
+                             "    return torch.full((cfg['vocab_size'],), float('nan'))", None),
     ("test_cache_write", CACHE_GROWN, "nothing was written into cache.k"),
     ("test_cache_write", CACHE_COPIED, "replaced cache.k or cache.v with a new tensor"),
     ("test_prefill", PREFILL_PER_TOKEN, "in ONE pass"),

@@ -113,6 +113,8 @@ BLOCK_NO_RESIDUAL = ("def decoder_block(x, positions, w, cfg):\n"
                      "    h = a.transpose(0, 1).reshape(T, H * d) @ w['self_attn.o_proj.weight'].T\n"
                      "    n = rms_norm(h, w['post_attention_layernorm.weight'], cfg['rms_norm_eps'])\n"
                      "    return h + swiglu_mlp(n, w['mlp.gate_proj.weight'], w['mlp.up_proj.weight'], w['mlp.down_proj.weight'])")
+RMS_RAISES = "def rms_norm(x, weight, eps):\n    raise ValueError('not yet')"
+SWIGLU_NO_DOWN = "def swiglu_mlp(x, g, u, d):\n    return torch.nn.functional.silu(x @ g.T) * (x @ u.T)"
 RMS_IN_PLACE = ("def rms_norm(x, weight, eps):\n"
                 "    x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))\n"
                 "    return x * weight")
@@ -135,6 +137,13 @@ MISTAKES = [
     ("test_generate", GENERATE_SQUEEZED.replace(".squeeze()", "").replace(
         " and len(ids) < cfg['max_position_embeddings']", ""), "keeps going past the context window"),
     *((later, wrong, None) for wrong in (ATTN_K_NOT_TRANSPOSED, ATTN_STRICT, TABLES_FLOAT64) for later in LATER),
+    # Each piece broken in turn (it raises, or returns the wrong shape): the pieces after it keep
+    # their points, judged with the reference in its place.
+    ("test_swiglu", SWIGLU_NO_DOWN, "expected a tensor of shape (3, 8)"),
+    *((later, wrong, None) for wrong in (RMS_RAISES, SWIGLU_NO_DOWN) for later in LATER),
+    *((later, "def decoder_block(x, positions, w, cfg):\n    raise ValueError('not yet')", None)
+      for later in LATER[1:]),
+    ("test_generate", "def forward(ids, positions, weights, cfg):\n    raise ValueError('not yet')", None),
     ("test_rms_norm", RMS_IN_PLACE, "changed its input in place"),
     # Slips no message named before (issue 26): each now names its cause.
     ("test_attention_causal", ATTN.format(**GOOD_ATTN).replace("dim=-1", "dim=-2"), "softmax over the queries"),
