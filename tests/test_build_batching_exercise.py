@@ -4,6 +4,10 @@ continuous-batching loop over the slots of a KV cache; every row and every reque
 equal to its prompt run alone. Checked here: a valid source whose solution passes every visible
 and hidden test (and whose measurement ran the learner's loop both ways), a blank release that
 earns nothing, named mistakes, no points for a piece taken from tinyserve, and sandboxed grading.
+
+What each part is for is held by a visible case: one batched forward per step (generate_static,
+counted on the tests' side), a reused slot starts at 0 (prefill_slot), each slot decodes at its
+own position (decode_slots), freed slots are refilled at once (serve's occupancy).
 """
 from __future__ import annotations
 

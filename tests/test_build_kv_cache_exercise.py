@@ -4,6 +4,16 @@ positions, and the cached greedy loop; every logit is held equal to a full recom
 here: a valid source whose solution passes every visible and hidden test (and whose timing cell
 really used the learner's cache), a blank release that earns nothing, named mistakes, no points
 for a cache taken from tinyserve, and sandboxed grading.
+
+What each piece is for, and the test cell that holds it (issue 26), counted on a cache the tests
+keep and lend (build_checks.ReferenceCache.positions_written) where the learner's code runs:
+  KVCache          allocated once: cache.k / cache.v keep their shape and storage, and hold what
+                   was written at its slot (test_cache_write: a torch.cat-grown or copied cache fails)
+  forward_cached   attends over the cache, not this step alone (test_forward_cached)
+  prefill          the prompt in ONE forward pass (test_prefill: one token at a time fails)
+  decode_step      one token at position cache.length (test_decode_step)
+  generate_cached  one prefill, then one decode step per token: each position fed once
+                   (test_generate_cached: a forward recompute or a re-fed prompt fails)
 """
 from __future__ import annotations
 

@@ -5,6 +5,13 @@ passes every visible and hidden test, a blank release that earns nothing, messag
 classic mistakes, no points for a piece that calls or copies tinyserve, one wrong piece costing
 only its own points, and sandboxed grading.
 
+What the notebook stresses, and the visible case that holds it (issue 26): eps on near-zero
+vectors (rms_norm), float32 rope tables, a query at position 40 over 41 cached keys (the mask
+compares positions), one token through forward and a one-token prompt (no .squeeze()), the
+loop's two stops (the window, the end token), an rms_norm that leaves its input alone. A piece
+whose earlier piece raises, gives NaN or the wrong shape is judged with build_checks' reference
+pieces in its place.
+
 Kernel runs take about 10-20 s each on 2 cores (the hidden tests load the shipped target).
 """
 from __future__ import annotations

@@ -4,6 +4,11 @@ sampling with the residual (checked by a seeded distribution test). Checked here
 whose solution passes every visible and hidden test and reproduces the target's greedy text in
 fewer target passes, a blank release that earns nothing, named mistakes, no points for calling
 tinyserve's verifier, and sandboxed grading.
+
+What each part is for is held by a visible case, on models the tests keep and lend: the draft
+feeds only what its cache lacks (a primed draft cache), the loop verifies k guesses in one target
+pass and rolls both caches back to the committed context (a bad draft), rejection sampling
+follows p with a margin that separates the classic slips.
 """
 from __future__ import annotations
 
