@@ -29,6 +29,23 @@ def test_the_course_has_chapters() -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_runs_on_the_default_device_or_says_why_not(path: Path) -> None:
+    """On a GPU a chapter runs there (issue 24): its model goes to ``default_device()`` (what
+    ``load_model`` picks when given no device), and a device pinned to the CPU carries the
+    reason just above it (chapter 7's gloo ranks)."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        lines = cell.source.splitlines()
+        for i, line in enumerate(lines):
+            pinned = re.search(r"""device\s*=\s*["']cpu["']""", line)
+            above = "\n".join(lines[max(0, i - 3):i])
+            assert not pinned or "CPU on purpose" in above, \
+                f"{path.name}: {line.strip()!r} pins the CPU: use default_device(), or say why above"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_without_outputs(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     dirty = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
