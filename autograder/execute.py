@@ -334,7 +334,8 @@ class _Run:
             try:
                 msg = await ensure_async(kc.shell_channel.get_msg(timeout=0.05))
                 if msg["parent_header"].get("msg_id") == msg_id:
-                    await self._drain_output(until_idle=msg_id, timeout=max(2.0, end - time.monotonic()))
+                    left = max(2.0, end - time.monotonic())
+                    await self._drain_output(until_idle=msg_id, timeout=left)
                     return True
             except Empty:
                 if not await ensure_async(km.is_alive()):

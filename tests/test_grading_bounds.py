@@ -181,21 +181,19 @@ def test_a_reply_of_nested_empty_lists_is_refused_before_parsing():
     assert peak < 2**20, peak   # refused from a count of the text: nothing was built
 
 
-def test_forty_megabytes_of_empty_lists_cost_no_memory_and_little_time():
-    import time
+def test_forty_megabytes_of_empty_lists_cost_no_memory():
     import tracemalloc
 
     from autograder.wire import WireError
     text = "[" + ",".join(["[]"] * (40 * 2**20 // 3)) + "]"
     tracemalloc.start()
-    start = time.monotonic()
     try:
-        with pytest.raises(WireError):
+        with pytest.raises(WireError, match="elements"):
             _decoder().loads(text)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 2**20 and time.monotonic() - start < 2
+    assert peak < 2**20   # refused from a count of the text: nothing was built
 
 
 def test_an_already_parsed_reply_is_held_to_the_same_budget():
@@ -207,17 +205,15 @@ def test_an_already_parsed_reply_is_held_to_the_same_budget():
 @pytest.mark.parametrize("tag", ["$set", "$d"])
 @pytest.mark.parametrize("n", [50_000, 250_000])
 def test_keys_that_all_hash_alike_are_refused_in_linear_time(tag, n):
-    import time
-
+    # Refused by the checks that run before any set or dict is built (the message says which):
+    # building one from these keys is the quadratic work (minutes at 250,000 keys).
     from autograder.wire import MAX_HASHED_KEYS, WireError
     keys = [i * (2**61 - 1) for i in range(1, n + 1)]   # all hash to 0
     body = keys if tag == "$set" else [[k, 0] for k in keys]
     text = json.dumps({tag: body})
-    start = time.monotonic()
     with pytest.raises(WireError, match="share one hash" if n <= MAX_HASHED_KEYS
                        else "dict keys and set items"):
         _decoder().loads(text)
-    assert time.monotonic() - start < 2   # quadratic insertion took minutes
 
 
 def test_too_many_hashed_keys_in_one_reply_are_refused():
