@@ -8,6 +8,8 @@ The model (chapters 0-1)
     model           the tiny Llama: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention
     tokenizer       the byte-level BPE tokenizer (4,096 tokens)
     checkpoint      the shipped weights (safetensors), the sha256 manifest
+    scale           the bandwidth-scale presets: the same model, random weights, sized so
+                    that decode must read its weights from memory (``load_model("bandwidth")``)
     device          CPU by default, CUDA when present, ``TINYSERVE_DEVICE`` to override
     corpus, harbor_world, train   the synthetic Harbor tickets and the training run
     hf_export       the shipped model as a Hugging Face Llama folder

@@ -96,9 +96,23 @@ def save_model(model: TinyLlama, name: str, report: dict[str, Any] | None = None
 
 
 def load_model(name: str = "target", device: torch.device | str | None = None,
-               dtype: torch.dtype | None = None, *, check: bool = True) -> TinyLlama:
-    """Load a shipped model in eval mode on ``device`` (default: CUDA if present, else CPU)
-    in ``dtype`` (default: bf16 on GPU, fp32 on CPU)."""
+               dtype: torch.dtype | None = None, *, check: bool = True,
+               layers: int | None = None) -> TinyLlama:
+    """Load a model in eval mode on ``device`` (default: CUDA if present, else CPU) in
+    ``dtype`` (default: bf16 on GPU, fp32 on CPU).
+
+    ``target`` and ``draft`` are the shipped, trained models. ``bandwidth`` and
+    ``bandwidth-draft`` are the scale presets (:mod:`tinyserve.scale`): random weights,
+    created here at a size where decode is bound by memory; ``layers`` changes their depth."""
+    from .scale import SCALE_PRESETS, build_scale_model
+    if name in SCALE_PRESETS:
+        return build_scale_model(name, device, dtype, layers=layers)
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: "
+                         f"{', '.join([*MODEL_NAMES, *SCALE_PRESETS])}")
+    if layers is not None:
+        raise ValueError(f"layers= sizes the scale presets ({', '.join(SCALE_PRESETS)}); "
+                         f"the shipped {name!r} model has the depth it was trained with")
     folder = model_dir(name)
     weights = folder / "model.safetensors"
     if not weights.exists():
