@@ -12,8 +12,8 @@ from tinyserve.config import ModelConfig
 from tinyserve.model import TinyLlama
 from tinyserve.quant import quantize_model
 from tinyserve.roofline import (bounds_seconds, crossover_batch, decode_cost, decode_cost_for,
-                                eager_step_seconds, matmul_flops, mbu, memory_bandwidth,
-                                parameter_count)
+                                eager_step_seconds, matmul_flops, mbu, measured_knee,
+                                memory_bandwidth, parameter_count, read_bandwidth, roofline_knee)
 from tinyserve.workbook.capacity import kv_bytes_for_config
 from tinyserve.workbook.roofline_lab import RooflineCase, RooflineLab
 
@@ -79,3 +79,31 @@ def test_the_lab_hides_the_answer_until_a_guess_is_committed_then_locks_it() -> 
     far.commit()
     assert "too high" in far.revealed_text()
     assert lab.ui() is lab.ui()                 # the widgets are built once
+
+
+def test_read_bandwidth_reports_each_way_and_the_fastest() -> None:
+    r = read_bandwidth("cpu", 4 * 2**20, repeats=2)
+    assert set(r.ways) == {"sum", "copy", "matvec"}
+    assert r.best == max(r.ways.values()) == r.ways[r.fastest_way] > 1e8
+
+
+def test_roofline_knee_is_where_the_roofline_reaches_one_and_a_half_rows() -> None:
+    weights, rate, bandwidth = 4 * parameter_count(SMALL), 1e11, 1e10
+    knee = roofline_knee(SMALL, weights, 4, 16, bandwidth, rate)
+    one = bounds_seconds(decode_cost_for(SMALL, weights, 4, 1, 16), bandwidth, rate)["roofline_s"]
+    at = bounds_seconds(decode_cost_for(SMALL, weights, 4, knee, 16), bandwidth, rate)["roofline_s"]
+    assert knee > 1
+    # no KV reads: the memory bound is flat, so the knee is 1.5 times the crossover
+    no_kv = roofline_knee(SMALL, weights, 4, 0, bandwidth, rate)
+    assert no_kv == pytest.approx(1.5 * crossover_batch(SMALL, weights, 4, 0, bandwidth, rate))
+    assert at == pytest.approx(1.5 * one, rel=1e-3)
+    # compute-bound from the first row: the knee is 1.5 rows
+    assert roofline_knee(SMALL, weights, 4, 16, 1e15, 1e6) == pytest.approx(1.5, rel=1e-3)
+
+
+def test_measured_knee_interpolates_between_measured_rows() -> None:
+    assert measured_knee({1: 1.0, 2: 1.2, 4: 1.4, 8: 2.0}) == pytest.approx(4 + 4 * 0.1 / 0.6)
+    assert measured_knee({1: 1.0, 2: 1.6}) == pytest.approx(2 - 0.1 / 0.6)
+    assert measured_knee({1: 1.0, 8: 1.1}) == math.inf
+    with pytest.raises(ValueError, match="one-row step"):
+        measured_knee({2: 1.0, 4: 2.0})

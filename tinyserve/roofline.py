@@ -68,6 +68,45 @@ def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
 
 
 @dataclass(frozen=True)
+class ReadBandwidth:
+    """Bytes per second of several ways to read a buffer far larger than the cache.
+
+    ``ways`` maps each way to its rate: ``sum`` (a reduction: reads each byte once),
+    ``copy`` (reads and writes each byte once, both counted) and ``matvec`` (an fp32
+    matrix-vector product: what a batch-1 decode step does with each weight). The machine
+    can read at least as fast as the fastest of them; a decode step measured faster than
+    ``best`` (an MBU above 1) means every reference here was too slow, not that the step
+    beat the memory."""
+    ways: dict[str, float]
+
+    @property
+    def best(self) -> float:
+        return max(self.ways.values())
+
+    @property
+    def fastest_way(self) -> str:
+        return max(self.ways, key=self.ways.__getitem__)
+
+
+def read_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
+                   repeats: int = 5) -> ReadBandwidth:
+    """:class:`ReadBandwidth` over an ``nbytes`` fp32 buffer on ``device``: the fastest of
+    ``repeats`` runs of each way (see :func:`memory_bandwidth` for why the fastest)."""
+    device = torch.device(device)
+    n = nbytes // 4
+    buffer = torch.empty(n, dtype=torch.float32, device=device).uniform_()
+    ways = {"sum": nbytes / min(_timings(buffer.sum, device, repeats))}
+    dst = torch.empty_like(buffer)
+    ways["copy"] = 2 * nbytes / min(_timings(lambda: dst.copy_(buffer), device, repeats))
+    del dst
+    cols = 4096                              # long rows stream well (see model.fused_linear)
+    matrix = buffer[: n - n % cols].view(-1, cols)
+    vector = torch.ones(cols, dtype=torch.float32, device=device)
+    ways["matvec"] = matrix.numel() * 4 / min(_timings(lambda: matrix @ vector, device, repeats))
+    return ReadBandwidth(ways)
+
+
+@dataclass(frozen=True)
 class DecodeCost:
     """Bytes and FLOPs of one decode step of a model at a batch size and context length."""
     weight_bytes: int
@@ -122,6 +161,37 @@ def crossover_batch(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: flo
     one = decode_cost_for(cfg, weight_bytes, kv_element_bytes, 1, context)
     per_row = one.flops / flop_rate - one.kv_bytes / bandwidth
     return math.inf if per_row <= 0 else (weight_bytes / bandwidth) / per_row
+
+
+def roofline_knee(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: float,
+                  context: int, bandwidth: float, flop_rate: float,
+                  factor: float = 1.5) -> float:
+    """The rows at which the roofline's step time first reaches ``factor`` times one row's:
+    the knee a learner predicts before sweeping the batch (``inf`` if never).
+
+    The roofline is max(memory(B), compute(B)), both straight lines in B; it reaches the
+    target where the first of them does."""
+    one = decode_cost_for(cfg, weight_bytes, kv_element_bytes, 1, context)
+    target = factor * max(bounds_seconds(one, bandwidth, flop_rate)["roofline_s"], 0.0)
+    crossings = [target * flop_rate / one.flops]                       # compute(B) = target
+    if one.kv_bytes:
+        crossings.append((target * bandwidth - weight_bytes) / one.kv_bytes)  # memory(B)
+    return max(1.0, min(crossings))
+
+
+def measured_knee(step_seconds: dict[int, float], factor: float = 1.5) -> float:
+    """The fewest measured rows whose step costs ``factor`` times the one-row step or more,
+    interpolated linearly between the two measured batch sizes around it (``inf`` if no
+    measured batch gets there). ``step_seconds`` maps rows to seconds and must include 1."""
+    if 1 not in step_seconds:
+        raise ValueError("step_seconds needs the one-row step (key 1) to compare against")
+    target = factor * step_seconds[1]
+    rows = sorted(step_seconds)
+    for lo, hi in zip(rows, rows[1:]):
+        if step_seconds[hi] >= target:
+            t_lo, t_hi = step_seconds[lo], step_seconds[hi]
+            return hi if t_hi == t_lo else lo + (hi - lo) * (target - t_lo) / (t_hi - t_lo)
+    return math.inf
 
 
 def mbu(cost: DecodeCost, bandwidth: float, step_seconds: float) -> float:
