@@ -16,11 +16,14 @@ import torch
 
 import tinyserve
 from conftest import random_prompt, sharp_model
+from host_reads import count_reads
 from tinyserve.config import PRESETS, ModelConfig
 from tinyserve.generate import generate
 from tinyserve.parallel.launch import RankError, launch
 from tinyserve.parallel.tensor import (CountingAllReduce, column_shard, row_shard, shard_model,
                                 tp_check_worker, tp_forward_in_process)
+from tinyserve.kv_cache import CacheFullError, KVCache
+from tinyserve.parallel.timing import parallel_read_bandwidth, tp_decode_speedup
 from tinyserve.parallel.pipeline import (Stage, bubble_formula, ideal_timelines, measured_bubble,
                                 pp_check_worker, split_micro_batches, stage_bounds)
 
@@ -154,6 +157,52 @@ def test_stages_chained_by_hand_equal_the_model(small) -> None:
     close(y[:, -1], small(ids)[:, -1])
 
 
+def test_a_shards_cached_step_reads_nothing_back(small) -> None:
+    """Issue 24: with ``positions=None`` a shard takes its positions from the cache's lengths,
+    known on the host: no value read back in a prefill or a decode step (the old preamble read
+    ``positions.max()`` every step), and the logits of the explicit-positions path and of the
+    model."""
+    shard = shard_model(small, 0, 1, all_reduce=lambda t: t)   # one rank: sums are the parts
+    fast, slow = shard.new_cache(1, 16), shard.new_cache(1, 16)
+    whole = KVCache.for_model(small, 1, 16)
+    for ids in [torch.tensor([random_prompt(SMALL.vocab_size, 5, seed=1)]), torch.tensor([[7]]),
+                torch.tensor([[9]])]:
+        positions = torch.arange(ids.shape[1]) + slow.lengths[0]
+        with torch.inference_mode():
+            want = shard(ids, positions, slow)
+            model_logits = small(ids, None, whole)
+        got, reads = count_reads(shard, ids, None, fast)
+        assert reads.count == 0, reads.where
+        close(got, want)
+        close(got, model_logits)
+
+
+def test_a_shard_keeps_the_window_check_and_its_message(small) -> None:
+    shard = shard_model(small, 0, 2, all_reduce=lambda t: t)  # the checks come first anyway
+    window = SMALL.max_position_embeddings
+    too_long = torch.zeros(1, window + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match=f"position {window} is outside the context window"):
+        shard(too_long)                                        # known on the host: no read
+    with pytest.raises(ValueError, match=f"position {window} is outside the context window"):
+        shard(torch.zeros(1, 1, dtype=torch.long), torch.tensor([window]))   # explicit: read
+    cache = shard.new_cache(1, window)
+    with torch.inference_mode():
+        shard(torch.zeros(1, window, dtype=torch.long), None, cache)
+    with pytest.raises(CacheFullError, match="outside the context window"):
+        shard(torch.zeros(1, 1, dtype=torch.long), None, cache)
+
+
+def test_the_scale_model_split_equals_the_model() -> None:
+    """The bandwidth-scale configuration (one layer: ~210 MB) splits like the small one."""
+    model = tinyserve.load_model("bandwidth", device="cpu", layers=1)
+    ids = torch.tensor([random_prompt(model.config.vocab_size, 8, seed=2)])
+    with torch.no_grad():
+        want = model(ids)
+        got, sums = tp_forward_in_process(model, 2, ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert sums == 2
+    del model
+
 # ---------------------------------------------------------------- real ranks (gloo, 2 processes)
 
 PROMPT_TOKENS, NEW_TOKENS = 12, 12
@@ -208,6 +257,25 @@ def test_pipeline_ranks_equal_the_model(small, pp_ranks) -> None:
     assert len(first["timeline"]) == len(last["timeline"]) == 2
     assert last["timeline"][0][0] >= first["timeline"][0][1]
 
+
+def test_parallel_read_bandwidth_reports_one_and_two_processes() -> None:
+    """The report's shape, not its figures (tests never time): one buffer per process."""
+    got = parallel_read_bandwidth(2, nbytes=4 * 2**20, repeats=2, timeout_s=120)
+    assert (got.processes, got.nbytes, got.way) == (2, 4 * 2**20, "matvec")
+    assert got.single > 0 and all(b > 0 for b in got.per_process) and got.aggregate > 0
+    assert got.speedup == pytest.approx(got.aggregate / got.single)
+    with pytest.raises(ValueError, match="way must be 'matvec' or 'sum'"):
+        parallel_read_bandwidth(way="copy")
+
+
+def test_tp_decode_speedup_reports_both_sides() -> None:
+    """The scale worker's report at the draft preset, one layer (built in each rank)."""
+    got = tp_decode_speedup(2, preset="bandwidth-draft", layers=1, context=8, repeats=3,
+                            timeout_s=120)
+    assert len(got.single_s) == len(got.split_s) == 3 and got.world_size == 2
+    assert got.speedup == pytest.approx(min(got.single_s) / min(got.split_s))
+    assert 0 <= got.allreduce_share <= 1
+    assert got.whole_bytes / 2 < got.shard_bytes < got.whole_bytes  # half, plus what is whole
 
 # ---------------------------------------------------------------- the launcher's guard rails
 

@@ -4,7 +4,8 @@
   (Megatron-style); shards, the in-process check and the worker each rank runs.
 - ``pipeline``: layers split into stages, micro-batches, the bubble formula and its measurement.
 - ``launch``: starts one process per rank (gloo on CPU, nccl on GPU) and reports the first failure.
-- ``timing``: the workers that time both splits for the chapter and ``bench parallel``.
+- ``timing``: the workers that time both splits for the chapter and ``bench parallel``, and at
+  scale (``bench scale``): two processes' read bandwidth against one, a TP decode step.
 
 ``from tinyserve.parallel import shard_model`` keeps working: ``tensor``'s names are re-exported.
 """

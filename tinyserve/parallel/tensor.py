@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from ..generate import clock, decode_step, prefill
+from ..generate import clock, prefill
 from ..kv_cache import KVCache
 from .launch import rank_device
 from ..model import MLP, Attention, KVStore, TinyLlama, rope_cos_sin
@@ -103,21 +103,35 @@ def _shard_mlp(mlp: MLP, rank: int, ws: int) -> MLP:
 
 
 def prepare_positions(cfg: ModelConfig, input_ids: Tensor, positions: Tensor | None,
-                      dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, bool]:
-    """The model's preamble: default positions, the context-window check, rotary cos/sin."""
+                      dtype: torch.dtype, cache: KVStore | None = None
+                      ) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """The model's preamble (as :meth:`TinyLlama.forward`): positions, the context-window
+    check, rotary cos/sin, and whether the positions are the plain 0..T-1 of an uncached pass.
+
+    Positions known on the host are checked on the host: with ``positions=None`` they are
+    0..T-1, or, with a cache that keeps its lengths (``step_positions``), the ones it says come
+    next (it checks the window itself). Only explicit positions are read back from the device
+    for the check (on a GPU, a synchronisation); a compiled step skips that read."""
     B, T = input_ids.shape[:2]
-    contiguous = positions is None
-    if positions is None:
+    limit = cfg.max_position_embeddings
+    contiguous = positions is None and cache is None
+    if positions is None and hasattr(cache, "step_positions"):
+        positions = cache.step_positions(B, T)   # type: ignore[union-attr]
+    elif positions is None:
+        if T > limit:
+            raise ValueError(_outside_window(T - 1, limit))
         positions = torch.arange(T, device=input_ids.device)
+    elif T and not torch.compiler.is_compiling() and int(positions.max()) >= limit:
+        raise ValueError(_outside_window(int(positions.max()), limit))
     if positions.dim() == 1:
         positions = positions.expand(B, T)
-    limit = cfg.max_position_embeddings
-    if T and int(positions.max()) >= limit:
-        raise ValueError(
-            f"position {int(positions.max())} is outside the context window of {limit} "
-            f"tokens; shorten the prompt or lower max_tokens so prompt + output <= {limit}.")
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, dtype)
     return positions, cos, sin, contiguous
+
+
+def _outside_window(position: int, limit: int) -> str:
+    return (f"position {position} is outside the context window of {limit} tokens; shorten "
+            f"the prompt or lower max_tokens so prompt + output <= {limit}.")
 
 
 def dist_all_reduce(t: Tensor) -> Tensor:
@@ -208,7 +222,7 @@ class TPShard(nn.Module):
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVStore | None = None, logits_at: Tensor | None = None) -> Tensor:
         positions, cos, sin, contiguous = prepare_positions(self.config, input_ids, positions,
-                                                            self.dtype)
+                                                            self.dtype, cache)
         x = self.embed_tokens(input_ids)
         for i in range(len(self.layers)):
             x = x + self.all_reduce(self.attention_partial(i, x, positions, cos, sin, cache,
@@ -251,7 +265,10 @@ def tp_forward_in_process(model: TinyLlama, world_size: int, input_ids: Tensor,
 @torch.no_grad()
 def greedy_tokens(model: torch.nn.Module, cache: KVCache, prompt_ids: list[int],
                   max_tokens: int) -> list[int]:
-    """Greedy generation through any model-like callable and its cache (a shard included)."""
+    """Greedy generation through any model-like callable and its cache (a shard included).
+
+    Each step's position comes from the cache's lengths (``positions=None``), known on the
+    host: the one value a step reads back is its token."""
     device = cache.k.device
     logits = prefill(model, torch.tensor([prompt_ids], device=device), cache)[:, -1]
     tokens: list[int] = []
@@ -259,8 +276,8 @@ def greedy_tokens(model: torch.nn.Module, cache: KVCache, prompt_ids: list[int],
         token = logits.argmax(-1)                            # (1,)
         tokens.append(int(token))
         if step < max_tokens - 1:
-            position = torch.tensor([len(prompt_ids) + step], device=device)
-            logits = decode_step(model, token, position, cache)
+            with torch.inference_mode():
+                logits = model(token[:, None], None, cache)[:, -1]
     return tokens
 
 

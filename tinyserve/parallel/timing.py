@@ -10,6 +10,7 @@ within each repeat: whatever the load does, it falls on every variant alike.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from ..generate import clock, decode_step, prefill
 from ..kv_cache import KVCache
-from .launch import rank_device
+from .launch import launch, rank_device
 from ..model import TinyLlama
 from .tensor import CountingAllReduce, dist_all_reduce, shard_model
 from .pipeline import Stage, Timeline, pipeline_forward, split_micro_batches
@@ -117,3 +118,164 @@ def pp_bench_worker(rank: int, stages: int, model: TinyLlama, ids: Tensor,
             dist.barrier()  # every stage starts the pass together
             out[m].append(pipeline_forward(stage, chunks[m])[1])
     return out
+
+
+# ---------------------------------------------------------------------------- at scale
+
+#: Each process's buffer for :func:`parallel_read_bandwidth`: far above any CPU's last-level
+#: cache (tens of MB), so every pass comes from memory.
+PARALLEL_READ_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class ParallelBandwidth:
+    """Read bandwidth of one process alone against ``processes`` reading at once, bytes/s.
+
+    ``per_process[r]`` is what rank r read while all read together; ``aggregate`` is every
+    rank's bytes over the span from the first start to the last end (so a rank that started
+    late cannot inflate it). ``speedup`` (aggregate / single) bounds what splitting a
+    memory-bound step's bytes across the processes can gain."""
+    nbytes: int                  # each process's buffer
+    way: str                     # "matvec" (what a decode step's linears do) or "sum"
+    single: float
+    per_process: tuple[float, ...]
+    aggregate: float
+
+    @property
+    def processes(self) -> int:
+        return len(self.per_process)
+
+    @property
+    def speedup(self) -> float:
+        return self.aggregate / self.single
+
+
+def _reader(buffer: Tensor, way: str) -> Callable[[], object]:
+    if way == "sum":
+        return buffer.sum
+    if way == "matvec":  # as roofline.read_bandwidth: rows of 4096 numbers stream well
+        cols = 4096
+        matrix = buffer[: buffer.numel() - buffer.numel() % cols].view(-1, cols)
+        vector = torch.ones(cols, dtype=buffer.dtype, device=buffer.device)
+        return lambda: matrix @ vector
+    raise ValueError(f"way must be 'matvec' or 'sum', got {way!r}")
+
+
+@torch.no_grad()
+def read_bandwidth_worker(rank: int, world_size: int, nbytes: int, way: str, repeats: int,
+                          threads: int = 1) -> dict[str, list[float]]:
+    """One rank of :func:`parallel_read_bandwidth`: per repeat, rank 0 reads its buffer alone
+    (the others wait at a barrier), then every rank reads its own buffer, all started by one
+    barrier. Returns ``perf_counter`` (start, end) pairs: one clock for every process of a
+    machine (CLOCK_MONOTONIC on Linux), so the parent can line the ranks up."""
+    torch.set_num_threads(threads)
+    device = rank_device(rank)
+    buffer = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    read = _reader(buffer, way)
+    read()  # warm-up: page the buffer in, pick the kernel
+    alone, together = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        if rank == 0:
+            start = clock(device)
+            read()
+            alone.append((start, clock(device)))
+        dist.barrier()
+        start = clock(device)
+        read()
+        together.append((start, clock(device)))
+    return {"alone": alone, "together": together}
+
+
+def parallel_read_bandwidth(processes: int = 2, nbytes: int = PARALLEL_READ_BYTES,
+                            way: str = "matvec", repeats: int = 5,
+                            timeout_s: float = 120.0) -> ParallelBandwidth:
+    """How much more a machine reads when ``processes`` processes read at once, each its own
+    ``nbytes`` buffer on one torch thread: the ceiling on what splitting a memory-bound step's
+    bytes over that many processes can gain. Fastest of ``repeats`` for each figure.
+
+    On a CPU the processes share one memory bus: if one core nearly saturates it, two read
+    hardly more than one. Under nccl (a GPU per rank) each rank reads its own device memory."""
+    _reader(torch.empty(0), way)  # a bad ``way`` fails here, not in every rank
+    ranks = launch(read_bandwidth_worker, processes, nbytes, way, repeats, timeout_s=timeout_s)
+    single = max(nbytes / (end - start) for start, end in ranks[0]["alone"])
+    best: tuple[float, tuple[float, ...]] = (0.0, ())
+    for i in range(repeats):
+        spans = [rank["together"][i] for rank in ranks]
+        wall = max(end for _, end in spans) - min(start for start, _ in spans)
+        aggregate = processes * nbytes / wall
+        if aggregate > best[0]:
+            best = (aggregate, tuple(nbytes / (end - start) for start, end in spans))
+    return ParallelBandwidth(nbytes, way, single, best[1], best[0])
+
+
+@dataclass(frozen=True)
+class TPDecodeTiming:
+    """One decode step of a model in one process against split over ``world_size`` ranks,
+    each rank holding its shard only (rank 0 also the whole model, for the one-process runs).
+    Times in seconds, one per repeat, taken in turns; ``speedup`` compares the fastest."""
+    world_size: int
+    single_s: tuple[float, ...]
+    split_s: tuple[float, ...]
+    allreduce_share: float       # of the split step's time, inside all-reduces (incl. waiting)
+    whole_bytes: int             # the model's weights
+    shard_bytes: int             # one rank's weights (the replicated embedding/LM head included)
+
+    @property
+    def speedup(self) -> float:
+        return min(self.single_s) / min(self.split_s)
+
+
+def _weight_bytes(module: torch.nn.Module) -> int:
+    unique = {id(p): p for p in module.parameters()}.values()  # tied weights count once
+    return sum(p.numel() * p.element_size() for p in unique)
+
+
+@torch.no_grad()
+def tp_scale_worker(rank: int, world_size: int, preset: str, layers: int | None,
+                    context: int, repeats: int, threads: int = 1) -> dict[str, object]:
+    """One rank of :func:`tp_decode_speedup`: build the preset here, from its seed (hundreds
+    of MB: cheaper to create in each rank than to pickle across), keep this rank's shard and
+    free the rest (rank 0 keeps the whole model for the one-process runs), prefill
+    ``context`` tokens, then time decode steps at that position, in turns as
+    :func:`tp_bench_worker` does."""
+    from ..checkpoint import load_model
+    torch.set_num_threads(threads)
+    device = rank_device(rank)
+    model = load_model(preset, device=device, layers=layers)
+    counter = CountingAllReduce()
+    shard = shard_model(model, rank, world_size, counter)
+    whole_bytes, shard_bytes = _weight_bytes(model), _weight_bytes(shard)
+    if rank != 0:
+        del model
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, shard.config.vocab_size, (1, context + 1), generator=gen).to(device)
+    runs = {"split": phase_runners(shard, shard.new_cache(1, context + 1), ids)}
+    if rank == 0:
+        runs["single"] = phase_runners(model, KVCache.for_model(model, 1, context + 1), ids)
+    for run in runs.values():  # warm-up; the prefill leaves the prompt in the cache
+        run["prefill"]()
+        run["decode"]()
+    single, split, comm = [], [], 0.0
+    for _ in range(repeats):
+        dist.barrier()
+        if rank == 0:
+            single.append(_seconds(runs["single"]["decode"], device))
+        dist.barrier()
+        counter.reset()
+        split.append(_seconds(runs["split"]["decode"], device))
+        comm += counter.seconds
+    return {"single_s": single, "split_s": split, "allreduce_share": comm / sum(split),
+            "whole_bytes": whole_bytes, "shard_bytes": shard_bytes}
+
+
+def tp_decode_speedup(world_size: int = 2, preset: str = "bandwidth", layers: int | None = None,
+                      context: int = 32, repeats: int = 10,
+                      timeout_s: float = 180.0) -> TPDecodeTiming:
+    """A decode step of the scale model (``load_model(preset, layers=layers)``) in one
+    process against split over ``world_size`` ranks (gloo on the CPU, nccl with a GPU per
+    rank), one torch thread per process; the figures of rank 0."""
+    out = launch(tp_scale_worker, world_size, preset, layers, context, repeats,
+                 timeout_s=timeout_s)[0]
+    return TPDecodeTiming(world_size, tuple(out["single_s"]), tuple(out["split_s"]),
+                          out["allreduce_share"], out["whole_bytes"], out["shard_bytes"])
