@@ -280,11 +280,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--full-runs", action="store_true",
                    help="grade every cell of every mutant instead of stopping at its first "
                         "failed test (same verdicts, slower)")
+    m.add_argument("--semantic", action="store_true",
+                   help="grade the learner-mistake corpus instead (autograder.mistake_corpus): "
+                        "graded and Validate scores, and which pieces lose points")
     m.add_argument("--json", type=Path, default=None, help="also write the report here")
     m.set_defaults(handler=run)
 
 
 def run(course: Course, args: argparse.Namespace) -> int:
+    if args.semantic:
+        from .semantic_mutants import print_report, semantic_report
+        report = semantic_report(course, args.assignment, workers=args.workers,
+                                 unsafe=args.unsafe, cell_timeout=args.cell_timeout)
+        print_report(report)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=1) + "\n")
+        return 0 if all(report["goals"].values()) else 1
     if args.sample is not None and args.sample < 1:
         raise CourseError(f"--sample must be at least 1, got {args.sample}")
     report = mutation_score(course, args.assignment, sample=args.sample, seed=args.seed,

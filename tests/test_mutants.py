@@ -151,3 +151,55 @@ def test_runs_stop_at_the_first_failure_only_after_a_solution_that_passes_everyt
         mutants.mutation_score(Course(tmp_path), "tiny")
     mutants.mutation_score(Course(tmp_path), "tiny", full_runs=True)
     assert asked == [True, False]
+
+
+# --- semantic mutants: the learner's mistakes (issue 26, item 5) ------------------------------
+
+def test_every_corpus_mistake_applies_to_its_solution_once():
+    from autograder.mistake_corpus import CORPUS
+    from autograder.semantic_mutants import mutated_sources
+    root = Path(__file__).resolve().parents[1] / "solutions"
+    assert set(CORPUS) == {"build_model", "build_kv_cache", "build_batching", "build_speculative"}
+    for name, mistakes in CORPUS.items():
+        sources = mutated_sources(root / name, mistakes)
+        assert len(sources) == len(mistakes) >= 8
+        assert len({m.name for m in mistakes}) == len(mistakes)
+        for m, changed in zip(mistakes, sources):
+            assert set(changed) == {m.cell} and m.pieces
+
+
+def test_a_mistake_that_no_longer_matches_is_refused():
+    from autograder.semantic_mutants import Mistake, apply
+    with pytest.raises(CourseError, match="occurs 0 times in cell 'answer'"):
+        apply(Mistake("gone", "answer", (("return x ** 3", "return x"),), ("t",)), ANSWER)
+
+
+@needs_sandbox
+def test_semantic_report_scores_graded_and_validate_and_names_the_pieces(tmp_path, capsys):
+    from autograder.semantic_mutants import Mistake, print_report, semantic_report
+    course = make_course(tmp_path)
+    path = course.source / "tiny" / "tiny.ipynb"          # a hidden test for square(3)
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[4].source += ('\n### BEGIN HIDDEN TESTS\ncheck_equal(square(3), 9, name="square(3)")\n'
+                           '### END HIDDEN TESTS\n')
+    nbformat.write(nb, path)
+    mistakes = [
+        Mistake("clamp with min", "answer", (("max(x, 0)", "min(x, 0)"),), ("test_clamp",)),
+        Mistake("square by doubling", "answer", (("x ** 2", "x * 2"),), ("test_square",)),
+        Mistake("square by cubing", "answer", (("x ** 2", "x ** 3"),), ("test_clamp",)),
+        Mistake("square as x * x", "answer", (("x ** 2", "x * x"),), ("test_square",)),
+    ]
+    report = semantic_report(course, "tiny", mistakes=mistakes, workers=2)
+    rows = {r["mistake"]: r for r in report["mistakes"]}
+    assert (rows["clamp with min"]["graded"], rows["clamp with min"]["validate"]) == (1, 1)
+    assert rows["clamp with min"]["lost"] == ["test_clamp"] and rows["clamp with min"]["only_its_piece"]
+    doubling = rows["square by doubling"]       # square(2) == 4 cannot tell: only the hidden test
+    assert (doubling["graded"], doubling["validate"]) == (1, 2) and not doubling["caught_at_validate"]
+    assert not rows["square by cubing"]["only_its_piece"]      # it cost test_square, not its own
+    assert not rows["square as x * x"]["loses_marks"]      # full marks: the same values
+    assert report["goals"] == {"no_full_marks": False, "caught_at_validate": False,
+                               "one_piece_each": False}
+    print_report(report)
+    out = capsys.readouterr().out
+    assert "BAD square by doubling: graded 1, Validate 2, lost in test_square  <- green at Validate" in out
+    assert "costs test_square" in out and "FULL MARKS" in out
