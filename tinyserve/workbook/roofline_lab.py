@@ -6,6 +6,14 @@ compute bound of a decode step overtakes its memory bound (:func:`~tinyserve.roo
 crossover_batch`) for a machine's bandwidth and FLOP rate. The logic is a plain class a test
 can drive (``set_guess``, ``commit``, ``revealed_text``); :meth:`RooflineLab.ui` wraps it in
 ipywidgets.
+
+Below the lab, the helpers the chapters use to hold a *measured* step against the same
+roofline (chapters 1 and 6b put the shipped model, which fits in a cache, and the
+bandwidth-scale model of :mod:`tinyserve.scale`, which does not, side by side):
+:func:`regime` names what bounds a step from its measured time and its two bounds, so every
+chapter's computed sentence follows one rule; :func:`cache_bytes` is the cache a model must
+outgrow; :func:`prefill_cost` and :func:`prefill_seconds` put prefill on the roofline next to
+a decode step; :func:`plot_roofline` draws the roof with measured points on it.
 """
 from __future__ import annotations
 
@@ -13,8 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from ..config import ModelConfig
-from ..roofline import crossover_batch, parameter_count
+from ..roofline import DecodeCost, bounds_seconds, crossover_batch, parameter_count
 
 
 @dataclass(frozen=True)
@@ -124,3 +135,128 @@ class RooflineLab:
                                guess, button, status, answer])
             refresh()
         return self._ui
+
+
+# --- a measured step against the roofline -------------------------------------------------
+
+#: A step within this factor of its roofline (the larger bound) is *at* that bound; a slower
+#: one is bound by neither bytes nor FLOPs at the machine's measured rates (an MBU of 0.5 or
+#: more counts as memory-bound).
+NEAR = 2.0
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What limits a measured step: ``name`` is "memory-bound", "compute-bound" or
+    "overhead-bound"; ``reason`` says why, from the numbers."""
+    name: str
+    reason: str
+    of_roofline: float        # measured time / roofline (1.0 = at the bound)
+
+
+def regime(measured_s: float, memory_s: float, compute_s: float, near: float = NEAR) -> Regime:
+    """Name the regime of a step measured in ``measured_s`` whose memory bound (bytes /
+    bandwidth) is ``memory_s`` and compute bound (FLOPs / FLOP rate) is ``compute_s``.
+
+    Within ``near`` x of the larger bound, the step is bound by that resource; further off,
+    the time goes to per-operation costs the bounds do not count (Python, dispatch, kernel
+    launches, kernels that read or compute slowly): overhead-bound."""
+    if measured_s <= 0 or memory_s <= 0 or compute_s <= 0:
+        raise ValueError("times must be positive seconds, got "
+                         f"{measured_s!r}, {memory_s!r}, {compute_s!r}")
+    roof = max(memory_s, compute_s)
+    ratio = measured_s / roof
+    if ratio > near:
+        return Regime("overhead-bound",
+                      f"it takes {ratio:.1f}x its roofline (the larger bound), so the time goes "
+                      "to neither bytes nor FLOPs at this machine's rates but to per-operation "
+                      "costs: dispatch, launches, small kernels", ratio)
+    if memory_s >= compute_s:
+        return Regime("memory-bound",
+                      f"it takes {ratio:.1f}x its memory bound, and moving its bytes takes "
+                      f"{memory_s / compute_s:.1f}x as long as its FLOPs: it waits for bytes", ratio)
+    return Regime("compute-bound",
+                  f"it takes {ratio:.1f}x its compute bound, and its FLOPs take "
+                  f"{compute_s / memory_s:.1f}x as long as moving its bytes: it waits for "
+                  "arithmetic", ratio)
+
+
+def regime_of(cost: DecodeCost, measured_s: float, bandwidth: float, flop_rate: float,
+              near: float = NEAR) -> Regime:
+    """:func:`regime` of a step that moves ``cost.bytes`` and does ``cost.flops`` (a decode
+    step from :func:`~tinyserve.roofline.decode_cost`, or a prefill from :func:`prefill_cost`)
+    in ``measured_s``, on a machine that reads ``bandwidth`` bytes/s and does ``flop_rate``."""
+    bounds = bounds_seconds(cost, bandwidth, flop_rate)
+    return regime(measured_s, bounds["memory_s"], bounds["compute_s"], near)
+
+
+def cache_bytes(device: torch.device | str) -> tuple[int, str]:
+    """The cache a model's weights must outgrow before every step reads them from memory:
+    a GPU's L2, or the CPU's last-level cache (:func:`tinyserve.scale.last_level_cache_bytes`).
+    Returns (bytes, a name for it)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size), "the GPU's L2 cache"
+    from ..scale import last_level_cache_bytes
+    size, source = last_level_cache_bytes()
+    return size, "the CPU's last-level cache" + (" (a guess: the OS did not say)"
+                                                 if source == "fallback" else "")
+
+
+def prefill_cost(model: torch.nn.Module, tokens: int) -> DecodeCost:
+    """Bytes and FLOPs of one prefill of a ``tokens``-token prompt: the weights read once,
+    the prompt's keys and values written once, and each token's FLOPs at its own position
+    (on average half the prompt back)."""
+    from ..quant import weight_bytes
+    cfg = model.config
+    kv = 2 * cfg.num_hidden_layers * tokens * cfg.num_key_value_heads * cfg.head_dim
+    return DecodeCost(int(weight_bytes(model)), int(kv * model.dtype.itemsize),
+                      float(tokens * cfg.flops_per_token(tokens // 2)))
+
+
+@torch.no_grad()
+def prefill_seconds(model: torch.nn.Module, prompts: Tensor, repeats: int = 3) -> float:
+    """Seconds of one prefill of ``prompts`` (B, T) into a fresh cache: the fastest of
+    ``repeats`` after one warm-up (other programs only ever slow a run down)."""
+    from ..generate import clock, prefill
+    from ..kv_cache import KVCache
+    B, T = prompts.shape
+    best = float("inf")
+    for r in range(repeats + 1):
+        cache = KVCache.for_model(model, B, T)
+        start = clock(prompts.device)
+        prefill(model, prompts, cache)
+        if r:
+            best = min(best, clock(prompts.device) - start)
+    return best
+
+
+def roofline_point(cost: DecodeCost, measured_s: float) -> tuple[float, float]:
+    """Where a measured step sits on a roofline plot: (FLOPs per byte it reads, FLOP/s it
+    reached)."""
+    return cost.flops / cost.bytes, cost.flops / measured_s
+
+
+def plot_roofline(ax, bandwidth: float, flop_rate: float,
+                  points: dict[str, list[tuple[float, float, str]]]) -> None:
+    """Draw the roofline (attainable FLOP/s = min(FLOP rate, intensity x bandwidth)) on a
+    matplotlib ``ax`` with log axes, and each labelled series of (intensity, FLOP/s, note)
+    points on it; the note (e.g. "B=4") is written next to its point."""
+    xs = [x for series in points.values() for x, _, _ in series]
+    ridge = flop_rate / bandwidth
+    lo, hi = min([*xs, ridge]) / 4, max([*xs, ridge]) * 4
+    grid = [lo * (hi / lo) ** (i / 100) for i in range(101)]
+    ax.plot(grid, [min(flop_rate, x * bandwidth) / 1e9 for x in grid], "-", color="black",
+            lw=2, label=f"roofline: {bandwidth / 1e9:,.1f} GB/s, {flop_rate / 1e9:,.1f} GFLOP/s")
+    ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge: {ridge:,.1f} FLOP/byte")
+    for (label, series), marker in zip(points.items(), "osD^v"):
+        line, = ax.plot([x for x, _, _ in series], [y / 1e9 for _, y, _ in series], marker,
+                        ls="--", label=label)
+        for x, y, note in series:
+            ax.annotate(note, (x, y / 1e9), textcoords="offset points", xytext=(4, -11),
+                        fontsize=8, color=line.get_color())
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte read)")
+    ax.set_ylabel("attained FLOP rate (GFLOP/s)")
+    ax.grid(alpha=0.3, which="both")
