@@ -1,0 +1,98 @@
+"""The sweeps chapters 2 and 3 run at both scales (tinyserve.workbook.scale_sweeps): shapes,
+floors and regime names, at a small size. Nothing here checks a time."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tinyserve import load_model
+from tinyserve.roofline import decode_cost, roofline_knee
+from tinyserve.scale import scale_config, weight_bytes_of
+from tinyserve.workbook.scale_sweeps import (GPU_DATASHEETS, REASONS, Ceilings, cache_bytes,
+                                             cache_vs_recompute, describe, fastest_seconds,
+                                             linear_seconds, measure_ceilings,
+                                             recompute_flops, recompute_floors, regime,
+                                             row_sweep, step_floors)
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return load_model("target", device="cpu", dtype=torch.float32)
+
+
+def test_ceilings_are_positive_and_the_ridge_is_their_ratio() -> None:
+    c = measure_ceilings("cpu", nbytes=4 * 2**20, n=64)
+    assert c.bandwidth > 0 and c.flop_rate > 0 and c.way in ("sum", "copy", "matvec")
+    assert c.ridge == pytest.approx(c.flop_rate / c.bandwidth)
+
+
+def test_fastest_seconds_runs_setup_before_each_call() -> None:
+    calls: list[str] = []
+    seconds = fastest_seconds(lambda: calls.append("fn"), "cpu", repeats=3,
+                              setup=lambda: calls.append("setup"))
+    assert calls == ["setup", "fn"] * 3 and seconds >= 0
+
+
+def test_recompute_flops_sum_each_tokens_attention(target) -> None:
+    cfg = target.config
+    assert recompute_flops(cfg, 0) == cfg.flops_per_token(0)
+    # n + 1 tokens of matmuls, plus attention over 0 + 1 + ... + n earlier positions
+    n = 10
+    attention = cfg.flops_per_token(1) - cfg.flops_per_token(0)
+    assert recompute_flops(cfg, n) == (n + 1) * cfg.flops_per_token(0) + attention * n * (n + 1) // 2
+
+
+def test_cache_vs_recompute_times_each_context_in_order(target) -> None:
+    rows = cache_vs_recompute(target, [8, 2, 4], repeats=1)
+    assert [r.context for r in rows] == [2, 4, 8]
+    assert all(r.recompute_s > 0 and r.cached_s > 0 and r.ratio > 0 for r in rows)
+    with pytest.raises(ValueError, match="window"):
+        cache_vs_recompute(target, [target.config.max_position_embeddings])
+
+
+def test_floors_drop_the_memory_read_when_the_bytes_fit_in_the_cache(target) -> None:
+    c = Ceilings(bandwidth=10e9, way="sum", flop_rate=50e9)
+    cost = decode_cost(target, 1, 16)
+    assert step_floors(target, c, 16) == (cost.bytes / 10e9, cost.flops / 50e9)
+    assert step_floors(target, c, 16, cache=2**30)[0] == 0.0
+    memory, compute = recompute_floors(target, c, 16)
+    assert memory == cost.weight_bytes / 10e9
+    assert compute == recompute_flops(target.config, 16) / 50e9
+    assert recompute_floors(target, c, 16, cache=2**30)[0] == 0.0
+
+
+def test_regime_names_the_larger_floor_or_overhead() -> None:
+    assert regime(1.2, memory_s=1.0, compute_s=0.1) == "memory-bound"
+    assert regime(1.2, memory_s=0.1, compute_s=1.0) == "compute-bound"
+    assert regime(3.5, memory_s=1.0, compute_s=0.1) == "overhead-bound"
+    assert regime(0.5, memory_s=0.0, compute_s=0.1) == "overhead-bound"   # bytes in the cache
+    text = describe(1.5, 1.0, 0.1)
+    assert text.startswith("memory-bound (1.5x the time to read its bytes") and \
+        REASONS["memory-bound"] in text
+    assert describe(0.2, 0.0, 0.1).startswith("compute-bound (2.0x its FLOP floor")
+
+
+def test_row_sweep_times_every_batch_size(target) -> None:
+    step = row_sweep(target, [1, 2], context=4, steps=1, repeats=1)
+    assert sorted(step) == [1, 2] and all(s > 0 for s in step.values())
+
+
+def test_linear_seconds_times_each_row_count() -> None:
+    out = linear_seconds([1, 2], out_features=64, in_features=32, repeats=1)
+    assert sorted(out) == [1, 2] and all(s > 0 for s in out.values())
+
+
+def test_cache_bytes_of_the_cpu_is_the_last_level_cache() -> None:
+    assert cache_bytes("cpu") > 0
+
+
+def test_a_gpu_ridge_is_hundreds_of_flops_per_byte_and_so_is_its_knee() -> None:
+    # The chapter's datasheet figures: the ridge sits at hundreds of FLOPs per byte, and bf16
+    # decode does about 1 FLOP per weight byte per row, so the knee is at hundreds of rows.
+    gpu = scale_config("bandwidth", "cuda")       # the GPU preset's shape; nothing allocated
+    for sheet in GPU_DATASHEETS:
+        assert 150 < sheet.ridge < 400
+        knee = roofline_knee(gpu, weight_bytes_of(gpu, 2), 2, 16, sheet.bandwidth, sheet.bf16_flops)
+        assert 150 < knee < 600 and math.isfinite(knee)

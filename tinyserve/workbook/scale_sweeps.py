@@ -1,0 +1,218 @@
+"""The measurements chapters 2 and 3 take at both scales: the shipped target and the
+bandwidth-scale model (:mod:`tinyserve.scale`), side by side, against this machine's own
+ceilings.
+
+Each sweep returns plain numbers (seconds, rows); the chapters print them, draw them and name
+the regime from them with :func:`regime`. Timings are the fastest of a few runs, for the
+reason :func:`tinyserve.roofline.memory_bandwidth` gives: other programs only ever slow a run
+down. Tests (``tests/test_scale_sweeps.py``) check shapes and invariants at a small size,
+never a time.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+from ..generate import clock, decode_step, prefill
+from ..kv_cache import KVCache
+from ..roofline import decode_cost, eager_step_seconds, matmul_flops, read_bandwidth
+from ..scale import last_level_cache_bytes
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """What this machine can move and multiply, measured now on one device."""
+    bandwidth: float       # bytes/s: the fastest way of reading a buffer far beyond the cache
+    way: str               # which way that was (sum, copy or matvec; roofline.ReadBandwidth)
+    flop_rate: float       # FLOP/s of a large square matmul in the model's dtype
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs the machine can do in the time it reads one byte: below this arithmetic
+        intensity a kernel is memory-bound, above it compute-bound."""
+        return self.flop_rate / self.bandwidth
+
+
+def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.float32,
+                     nbytes: int | None = None, n: int | None = None) -> Ceilings:
+    """:class:`Ceilings` on ``device``: the read bandwidth over ``nbytes`` (256 MiB on a CPU,
+    8x a laptop's last-level cache; 1 GiB on a GPU, far past its L2) and the FLOP rate of an
+    ``n x n`` matmul in ``dtype`` (1024 on a CPU; 8192 on a GPU, where a small one is too
+    short to fill the device)."""
+    device = torch.device(device)
+    gpu = device.type == "cuda"
+    nbytes = nbytes or (2**30 if gpu else 256 * 2**20)
+    read = read_bandwidth(device, nbytes)
+    rate = matmul_flops(device, dtype, n or (8192 if gpu else 1024))
+    return Ceilings(read.best, read.fastest_way, rate)
+
+
+def fastest_seconds(fn: Callable[[], Any], device: torch.device | str, repeats: int = 3,
+                    setup: Callable[[], Any] | None = None) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` (``setup`` runs before each, untimed),
+    through :func:`tinyserve.generate.clock`, which waits for a GPU to finish first."""
+    device = torch.device(device)
+    times = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        start = clock(device)
+        fn()
+        times.append(clock(device) - start)
+    return min(times)
+
+
+def recompute_flops(cfg: ModelConfig, context: int) -> float:
+    """FLOPs of a forward pass over ``context + 1`` tokens (the step at position ``context``
+    without a cache): token ``i`` attends over ``i`` earlier positions."""
+    return float(sum(cfg.flops_per_token(i) for i in range(context + 1)))
+
+
+@dataclass(frozen=True)
+class CacheTiming:
+    """One decode step at a context length, with and without the KV cache (seconds)."""
+    context: int
+    recompute_s: float     # a full forward over context + 1 tokens
+    cached_s: float        # one decode_step against a cache holding `context` tokens
+
+    @property
+    def ratio(self) -> float:
+        return self.recompute_s / self.cached_s
+
+
+@torch.inference_mode()
+def cache_vs_recompute(model: torch.nn.Module, contexts: list[int], repeats: int = 3,
+                       seed: int = 0) -> list[CacheTiming]:
+    """The step at each of ``contexts`` timed both ways, fastest of ``repeats`` each.
+
+    One prefill of the longest context fills the cache (it also warms the model up); the
+    shorter ones rewind it, longest first, since a rewind only forgets."""
+    contexts = sorted(set(contexts), reverse=True)
+    cfg, device = model.config, model.device
+    longest = contexts[0]
+    if longest + 1 > cfg.max_position_embeddings:
+        raise ValueError(f"context {longest} + 1 token exceeds the model's window "
+                         f"({cfg.max_position_embeddings}); pass shorter contexts")
+    ids = torch.randint(0, cfg.vocab_size, (1, longest + 1),
+                        generator=torch.Generator().manual_seed(seed)).to(device)
+    cache = KVCache.for_model(model, 1, longest + 1)
+    prefill(model, ids[:, :longest], cache)
+    out = []
+    for n in contexts:
+        recompute = fastest_seconds(lambda: model(ids[:, :n + 1]), device, repeats)
+        position = torch.tensor([n], device=device)
+        cached = fastest_seconds(lambda: decode_step(model, ids[:, n], position, cache), device,
+                                 repeats, setup=lambda: cache.rewind([n]))
+        out.append(CacheTiming(n, recompute, cached))
+    return out[::-1]
+
+
+def cache_bytes(device: torch.device | str) -> int:
+    """The last-level cache between the cores and memory: a CPU's largest cache (as
+    :func:`tinyserve.scale.last_level_cache_bytes` reads it) or a GPU's L2. Bytes that fit
+    in it need not come from DRAM or HBM on every step."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).L2_cache_size)
+    return last_level_cache_bytes()[0]
+
+
+def step_floors(model: torch.nn.Module, ceilings: Ceilings, context: int, batch: int = 1,
+                cache: int | None = None) -> tuple[float, float]:
+    """(memory, compute) floors in seconds of one cached decode step of ``batch`` rows with
+    ``context`` cached tokens each. The memory floor is 0 when the step's bytes fit in the
+    last-level cache (``cache`` bytes): the reads then need not reach memory at all."""
+    cost = decode_cost(model, batch, context)
+    fits = cache is not None and cost.bytes <= cache
+    return (0.0 if fits else cost.bytes / ceilings.bandwidth), cost.flops / ceilings.flop_rate
+
+
+def recompute_floors(model: torch.nn.Module, ceilings: Ceilings, context: int,
+                     cache: int | None = None) -> tuple[float, float]:
+    """(memory, compute) floors in seconds of a forward over ``context + 1`` tokens: the
+    weights are read once for all the tokens (0 when they fit in ``cache`` bytes), and
+    every token does its own FLOPs (:func:`recompute_flops`)."""
+    weights = decode_cost(model, 1, 0).weight_bytes
+    fits = cache is not None and weights <= cache
+    return ((0.0 if fits else weights / ceilings.bandwidth),
+            recompute_flops(model.config, context) / ceilings.flop_rate)
+
+
+def regime(seconds: float, memory_s: float, compute_s: float, overhead: float = 3.0) -> str:
+    """Which bound a measured time sits at: ``overhead-bound`` when it is more than
+    ``overhead`` times both floors (per-call dispatch and small kernels, which neither floor
+    counts), else whichever floor is the larger (``memory-bound`` or ``compute-bound``)."""
+    if seconds > overhead * max(memory_s, compute_s):
+        return "overhead-bound"
+    return "memory-bound" if memory_s >= compute_s else "compute-bound"
+
+
+#: Why each regime is the one it is, for the sentences the chapters print under a measurement.
+REASONS = {
+    "memory-bound": "reading its bytes sets the time",
+    "compute-bound": "its FLOPs set the time",
+    "overhead-bound": "fixed per-call costs (Python, dispatching small operations) set the time, "
+                      "not bytes or FLOPs",
+}
+
+
+def describe(seconds: float, memory_s: float, compute_s: float) -> str:
+    """``regime`` with how far above its floor the time sits and the reason, for a sentence:
+    "memory-bound (1.4x the time to read its bytes: reading its bytes sets the time)"."""
+    name = regime(seconds, memory_s, compute_s)
+    floor, what = ((memory_s, "the time to read its bytes") if memory_s >= compute_s
+                   else (compute_s, "its FLOP floor"))
+    return f"{name} ({seconds / floor:.1f}x {what}: {REASONS[name]})"
+
+
+def row_sweep(model: torch.nn.Module, rows: list[int], context: int = 16, steps: int = 4,
+              repeats: int = 3, seed: int = 0) -> dict[int, float]:
+    """Seconds per eager decode step at each batch size in ``rows`` (each row with
+    ``context`` prompt tokens): :func:`tinyserve.roofline.eager_step_seconds`, ``steps``
+    steps a run, the fastest of ``repeats`` runs."""
+    ids = torch.randint(6, model.config.vocab_size, (max(rows), context),
+                        generator=torch.Generator().manual_seed(seed)).to(model.device)
+    return {B: eager_step_seconds(model, ids[:B], n=steps, repeats=repeats) for B in rows}
+
+
+@torch.inference_mode()
+def linear_seconds(rows: list[int], out_features: int = 16384, in_features: int = 4096,
+                   device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   repeats: int = 5, seed: int = 0) -> dict[int, float]:
+    """Seconds of one eager ``F.linear`` of ``r`` rows through one ``(out, in)`` weight, for
+    each ``r`` in ``rows``: the fastest of ``repeats`` after a warm-up. The default weight is
+    256 MiB in fp32, far past a laptop's last-level cache, so every call reads it from memory;
+    the FLOPs of a few rows are small next to that read, so an ideal kernel costs about the
+    same at 1 and at 2 rows."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=g).to(device=device, dtype=dtype)
+    out = {}
+    for r in rows:
+        x = torch.randn(r, in_features, generator=g).to(device=device, dtype=dtype)
+        F.linear(x, weight)
+        out[r] = fastest_seconds(lambda: F.linear(x, weight), device, repeats)
+    return out
+
+
+@dataclass(frozen=True)
+class Datasheet:
+    """A GPU's peak figures as its maker's datasheet lists them (not measured here)."""
+    name: str
+    bf16_flops: float      # dense BF16 tensor-core FLOP/s (the sheet lists twice this "with sparsity")
+    bandwidth: float       # HBM bytes/s
+
+    @property
+    def ridge(self) -> float:
+        return self.bf16_flops / self.bandwidth
+
+
+#: NVIDIA's H100 and H200 datasheets, SXM boards: 1,979 BF16 tensor TFLOPS with 2:4
+#: sparsity (989 dense), HBM3 at 3.35 TB/s and HBM3e at 4.8 TB/s.
+GPU_DATASHEETS = (Datasheet("H100 SXM", 989e12, 3.35e12),
+                  Datasheet("H200 SXM", 989e12, 4.8e12))
