@@ -11,10 +11,10 @@ from tinyserve import load_model
 from tinyserve.roofline import decode_cost, roofline_knee
 from tinyserve.scale import scale_config, weight_bytes_of
 from tinyserve.workbook.scale_sweeps import (GPU_DATASHEETS, REASONS, Ceilings, cache_bytes,
-                                             cache_vs_recompute, describe, fastest_seconds,
-                                             linear_seconds, measure_ceilings,
-                                             recompute_flops, recompute_floors, regime,
-                                             row_sweep, step_floors)
+                                             cache_vs_recompute, describe_regime,
+                                             fastest_seconds, linear_seconds,
+                                             measure_ceilings, recompute_flops,
+                                             recompute_floors, regime, row_sweep, step_floors)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,8 @@ def test_recompute_flops_sum_each_tokens_attention(target) -> None:
     # n + 1 tokens of matmuls, plus attention over 0 + 1 + ... + n earlier positions
     n = 10
     attention = cfg.flops_per_token(1) - cfg.flops_per_token(0)
-    assert recompute_flops(cfg, n) == (n + 1) * cfg.flops_per_token(0) + attention * n * (n + 1) // 2
+    expected = (n + 1) * cfg.flops_per_token(0) + attention * n * (n + 1) // 2
+    assert recompute_flops(cfg, n) == expected
 
 
 def test_cache_vs_recompute_times_each_context_in_order(target) -> None:
@@ -68,10 +69,10 @@ def test_regime_names_the_larger_floor_or_overhead() -> None:
     assert regime(1.2, memory_s=0.1, compute_s=1.0) == "compute-bound"
     assert regime(3.5, memory_s=1.0, compute_s=0.1) == "overhead-bound"
     assert regime(0.5, memory_s=0.0, compute_s=0.1) == "overhead-bound"   # bytes in the cache
-    text = describe(1.5, 1.0, 0.1)
+    text = describe_regime(1.5, 1.0, 0.1)
     assert text.startswith("memory-bound (1.5x the time to read its bytes") and \
         REASONS["memory-bound"] in text
-    assert describe(0.2, 0.0, 0.1).startswith("compute-bound (2.0x its FLOP floor")
+    assert describe_regime(0.2, 0.0, 0.1).startswith("compute-bound (2.0x its FLOP floor")
 
 
 def test_row_sweep_times_every_batch_size(target) -> None:

@@ -161,8 +161,8 @@ REASONS = {
 }
 
 
-def describe(seconds: float, memory_s: float, compute_s: float) -> str:
-    """``regime`` with how far above its floor the time sits and the reason, for a sentence:
+def describe_regime(seconds: float, memory_s: float, compute_s: float) -> str:
+    """:func:`regime` with how far above its floor the time sits and the reason, for a sentence:
     "memory-bound (1.4x the time to read its bytes: reading its bytes sets the time)"."""
     name = regime(seconds, memory_s, compute_s)
     floor, what = ((memory_s, "the time to read its bytes") if memory_s >= compute_s
@@ -204,7 +204,7 @@ def linear_seconds(rows: list[int], out_features: int = 16384, in_features: int 
 class Datasheet:
     """A GPU's peak figures as its maker's datasheet lists them (not measured here)."""
     name: str
-    bf16_flops: float      # dense BF16 tensor-core FLOP/s (the sheet lists twice this "with sparsity")
+    bf16_flops: float      # dense BF16 tensor-core FLOP/s (listed x2 "with sparsity")
     bandwidth: float       # HBM bytes/s
 
     @property
