@@ -169,8 +169,9 @@ def regime(measured_s: float, memory_s: float, compute_s: float, near: float = N
     if ratio > near:
         return Regime("overhead-bound",
                       f"it takes {ratio:.1f}x its roofline (the larger bound), so the time goes "
-                      "to neither bytes nor FLOPs at this machine's rates but to per-operation "
-                      "costs: dispatch, launches, small kernels", ratio)
+                      "to neither bytes nor FLOPs at this machine's rates but to costs the "
+                      "bounds do not count: dispatch, launches, kernels slower than the "
+                      "machine's best", ratio)
     if memory_s >= compute_s:
         return Regime("memory-bound",
                       f"it takes {ratio:.1f}x its memory bound, and moving its bytes takes "
@@ -257,6 +258,10 @@ def plot_roofline(ax, bandwidth: float, flop_rate: float,
                         fontsize=8, color=line.get_color())
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    for axis in (ax.xaxis, ax.yaxis):             # plain numbers, not powers of ten
+        axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("arithmetic intensity (FLOP per byte read)")
     ax.set_ylabel("attained FLOP rate (GFLOP/s)")
     ax.grid(alpha=0.3, which="both")
