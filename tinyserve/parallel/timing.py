@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..generate import clock, decode_step, prefill
+from ..generate import clock, prefill
 from ..kv_cache import KVCache
 from .launch import launch, rank_device
 from ..model import TinyLlama
@@ -29,14 +29,16 @@ def phase_runners(model: torch.nn.Module, cache: KVCache,
     """Two timeable calls: a prefill over ``ids[:, :-1]``, and one decode step of the last
     token after it (run the prefill first). Each leaves the cache as it found it."""
     P = ids.shape[1] - 1
-    position = torch.tensor([P], device=ids.device)
 
     def run_prefill() -> None:
         cache.reset()
         prefill(model, ids[:, :P], cache)
 
+    @torch.inference_mode()
     def run_decode() -> None:
-        decode_step(model, ids[:, P], position, cache)
+        # positions=None: the cache's own (host-side) lengths place the token at P, so the
+        # step reads nothing back from the device (decode_step's explicit positions would)
+        model(ids[:, P:], None, cache)
         cache.rewind([P])  # forget the step, so every repeat decodes at position P
 
     return {"prefill": run_prefill, "decode": run_decode}
