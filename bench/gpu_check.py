@@ -1,22 +1,41 @@
 """One command for a borrowed GPU machine: ``make gpu-check`` (or ``python -m bench.gpu_check``).
 
-It runs, on ``cuda``, every check that a CPU machine cannot: the gpu-marked tests, every
-chapter notebook (bf16, as a learner with a GPU would run it), a quick version of every
-bench suite, the compiled decode path, then full versions of the decode suites while the
-time budget lasts. It writes ONE JSON report, ``bench/results/gpu/<date>-<device>.json``
-(device, torch and CUDA versions, each step's status, seconds and capped failure text, the
-ratios the suites produced), and copies it to ``$OUT`` when that variable is set.
+It runs, on ``cuda``, every check that a CPU machine cannot, most valuable first, so that
+what the time budget cuts is the tail:
+
+1. ``imports``: a static check that every ``tinyserve`` / ``bench`` import of every notebook
+   resolves (a module moved since the notebook was written fails here, in a second, not
+   minutes into a chapter); CI runs the same check (tests/test_gpu_check.py);
+2. the full-size figures, one step at a time with nothing beside them (they are timed):
+   the compiled decode path on the real model, then the full bench suites;
+3. side by side: the gpu-marked tests and every chapter notebook (as a learner with a GPU
+   would run it: on the default device);
+4. with what time is left, a quick version of every bench suite (does it run here?). Quick
+   suites run a random 2-layer model of hidden size 32: their figures mean nothing, so the
+   report keeps them under ``smoke``, never under ``ratios``.
+
+It writes ONE JSON report, ``bench/results/gpu/<date>-<device>.json`` (device, torch and
+CUDA versions, each step's status, seconds and capped failure text, the full suites'
+``ratios`` and the quick suites' ``smoke``), and copies it to ``$OUT`` when that variable is
+set. The commit it records is the host's: a device machine runs a copy of the working tree
+without its git history, so pass ``--commit`` (or ``GPU_CHECK_COMMIT``) from the host;
+without it the local checkout's is recorded and ``commit_source`` says so.
 
 Designed for a bare, offline machine used once: each step runs in its own process group
 with a timeout (a hang or a poisoned CUDA context costs one step, never the run), one
-failing step never stops the others, and a global budget (8 minutes by default) skips
-what is left with a note. Without CUDA it exits at once with a clear message, unless
-``--device cpu`` asks for the same steps on the CPU (that is how the tests check it).
+failing step never stops the others, and a global budget (5 minutes by default: the
+device's 15-minute lease holds a machine start, this check and a rerun) stops what is
+left: a step stopped or never started for lack of time is ``cut``, not a failure. Without
+CUDA it exits at once with a clear message, unless ``--device cpu`` asks for the same
+steps on the CPU (that is how the tests check it).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as _dt
+import importlib
+import importlib.util
 import fnmatch
 import json
 import os
@@ -37,8 +56,11 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "gpu"
 FAILURE_CHARS = 2000          # failure text kept per step: the tail, where the error is
 NO_CUDA_EXIT = 3              # distinct from 1 (a step failed) and 2 (bad arguments)
-#: Full-size suites run after everything else, in this order, while the budget lasts.
+#: Full-size suites, timed alone right after the import check, in this order.
 FULL_SUITES = ("hf", "kv", "quant", "batching")
+DEFAULT_BUDGET_S = 300.0
+#: The packages whose imports the static check resolves.
+CHECKED_PACKAGES = ("tinyserve", "bench")
 
 
 @dataclass
@@ -50,6 +72,7 @@ class Step:
     json_out: Path | None = None      # a bench report the step writes, read for its ratios
     env: dict[str, str] = field(default_factory=dict)
     alone: bool = False               # timed for its figures: runs with nothing beside it
+    smoke: bool = False               # a quick suite: its figures are a smoke test only
 
 
 def child_env(device: str, tmp: Path) -> dict[str, str]:
@@ -90,20 +113,12 @@ def gpu_test_files() -> list[str]:
 
 
 def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
-    """Every step, most important first: what the budget cuts is the tail. The quick suites
-    and the chapters first (do they run on this device at all?), then the compiled decode
-    path on the real model, then full-size suites for ratios."""
+    """Every step, most valuable first: what the budget cuts is the tail. The import check
+    (seconds), then the full-size figures (alone: they are timed), then the tests and the
+    chapters side by side, then the quick suites."""
     import bench
     py = sys.executable
-    steps = [Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs",
-                                 *gpu_test_files()], 150)]
-    for suite in bench.SUITES:
-        out = tmp / f"quick-{suite}.json"
-        steps.append(Step(f"bench-quick:{suite}", [py, "-m", "tinyserve", "bench", suite,
-                                                   "--quick", "--json", str(out)], 90, out))
-    for nb in sorted((REPO / "course").glob("*.ipynb")):
-        steps.append(Step(f"notebook:{nb.stem}", [py, "-m", "bench.gpu_check", "--notebook",
-                                                  str(nb), "--cell-timeout", "120"], 180))
+    steps = [Step("imports", [py, "-m", "bench.gpu_check", "--check-imports"], 60, alone=True)]
     # The compiled path on the real model: eager and compiled tokens, step times, roofline.
     steps.append(Step("compiled-decode", [py, "-m", "tinyserve", "bench", "decode",
                                           "--json", str(tmp / "compiled.json")],
@@ -113,7 +128,85 @@ def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
             out = tmp / f"full-{suite}.json"
             steps.append(Step(f"bench:{suite}", [py, "-m", "tinyserve", "bench", suite,
                                                  "--json", str(out)], 150, out, alone=True))
+    steps.append(Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p",
+                                     "no:cacheprovider", "-rs", *gpu_test_files()], 150))
+    for nb in sorted((REPO / "course").glob("*.ipynb")):
+        steps.append(Step(f"notebook:{nb.stem}", [py, "-m", "bench.gpu_check", "--notebook",
+                                                  str(nb), "--cell-timeout", "120"], 180))
+    for suite in bench.SUITES:
+        out = tmp / f"quick-{suite}.json"
+        steps.append(Step(f"bench-quick:{suite}", [py, "-m", "tinyserve", "bench", suite,
+                                                   "--quick", "--json", str(out)], 90, out,
+                          smoke=True))
     return steps
+
+
+# ---------------------------------------------------------------- the static import check
+
+def notebook_paths() -> list[Path]:
+    """Every notebook a learner or the check runs: the chapters, the exercises, the start."""
+    found = [*(REPO / "course").glob("*.ipynb"), *(REPO / "exercises").glob("*/*.ipynb"),
+             *REPO.glob("*.ipynb")]
+    return sorted(p for p in found if ".ipynb_checkpoints" not in p.parts)
+
+
+def _cell_source(cell: dict[str, Any]) -> str:
+    """A code cell's Python, IPython's magics and shell lines blanked (line numbers kept)."""
+    text = cell.get("source", "")
+    lines = (text if isinstance(text, str) else "".join(text)).splitlines()
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+
+
+def notebook_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """``(cell, module, name)`` for every import of a checked package in a notebook's code
+    cells (``name`` None for ``import module``), found by parsing, never by running."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    found: list[tuple[int, str, str | None]] = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(_cell_source(cell))
+        except SyntaxError:
+            continue        # a cell the learner fills in: nothing to resolve until then
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [(i, a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found += [(i, node.module, a.name) for a in node.names if a.name != "*"]
+    return [f for f in found if f[1].split(".")[0] in CHECKED_PACKAGES]
+
+
+def _resolve(module: str, name: str | None) -> str | None:
+    """None if ``from module import name`` (or ``import module``) works, else why not."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        missing = err.name or ""
+        if missing.split(".")[0] in CHECKED_PACKAGES:
+            return f"no module {missing}"
+        return f"{module} needs the package {missing!r}, not installed here"
+    except Exception as err:   # noqa: BLE001 - the module's own import failed: say how
+        return f"importing {module} raised {type(err).__name__}: {str(err)[:200]}"
+    if name is None or hasattr(mod, name):
+        return None
+    if hasattr(mod, "__path__") and importlib.util.find_spec(f"{module}.{name}") is not None:
+        # a submodule of a package
+        return _resolve(f"{module}.{name}", None)
+    return f"{module} has no {name!r}"
+
+
+def check_imports(paths: list[Path] | None = None) -> list[str]:
+    """One line per unresolved import: ``notebook, cell N: from X import Y: why``."""
+    problems = []
+    for path in notebook_paths() if paths is None else paths:
+        for cell, module, name in notebook_imports(path):
+            why = _resolve(module, name)
+            if why is not None:
+                what = f"from {module} import {name}" if name else f"import {module}"
+                where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+                problems.append(f"{where}, cell {cell}: {what}: {why}")
+    return problems
 
 
 def _kill_group(proc: subprocess.Popen[str]) -> None:
@@ -125,7 +218,8 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 def run_step(step: Step, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
     """Run one step in a new process group; on timeout the whole group (a notebook's kernel
-    too) is killed. Returns its record for the report."""
+    too) is killed. Returns its record for the report: ``timeout`` when the step ran past
+    its own cap (a failure), ``cut`` when what was left of the budget stopped it first."""
     start = time.perf_counter()
     proc = subprocess.Popen(step.argv, cwd=REPO, env={**env, **step.env}, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -136,18 +230,23 @@ def run_step(step: Step, env: dict[str, str], timeout_s: float) -> dict[str, Any
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         output, _ = proc.communicate()
-        status = "timeout"
+        status = "timeout" if timeout_s >= step.cap_s else "cut"
     finally:
         _kill_group(proc)   # anything the step left behind (a kernel, a server)
     record: dict[str, Any] = {"name": step.name, "status": status,
                               "seconds": round(time.perf_counter() - start, 2)}
     if status != "ok":
-        note = f"exit code {proc.returncode}" if status == "failed" else f"killed after {timeout_s:.0f} s"
-        record["failure"] = f"{note}\n{(output or '')[-FAILURE_CHARS:]}"
+        note = (f"exit code {proc.returncode}" if status == "failed" else
+                f"killed after {timeout_s:.0f} s, its cap" if status == "timeout" else
+                f"cut after {timeout_s:.0f} s: the budget's end (its cap is {step.cap_s:.0f} s)")
+        record["failure" if status != "cut" else "note"] = \
+            f"{note}\n{(output or '')[-FAILURE_CHARS:]}"
     if step.json_out is not None and step.json_out.exists():
         try:
             data = json.loads(step.json_out.read_text())
-            record["ratios"] = data.get("ratios", {})
+            # A quick suite's figures are a smoke test: never published as ratios.
+            record["smoke" if step.smoke or data.get("quick") else "ratios"] = \
+                data.get("ratios", {})
             record["quick"] = data.get("quick")
             if "measurements" in data and step.name == "compiled-decode":
                 record["measurements"] = data["measurements"]
@@ -176,21 +275,45 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "device"
 
 
-def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
-            jobs: int = 1) -> tuple[dict[str, Any], Path]:
-    """Run the plan within the budget; write and return the report.
-
-    Steps that only check something runs (tests, quick suites, chapters) run ``jobs`` at a
-    time; steps timed for their figures (``alone``) run afterwards, one by one."""
+def host_commit(given: str | None = None) -> tuple[str | None, str]:
+    """The commit to record and where it came from: ``given`` (``--commit``), else
+    ``GPU_CHECK_COMMIT``, both set on the host that sent the tree (``"host"``); else this
+    checkout's HEAD (``"local checkout"``: on a device machine's copy of the tree, git's
+    answer is not the host's commit, or there is none)."""
     from tinyserve.provenance import git_commit
+    commit = given or os.environ.get("GPU_CHECK_COMMIT", "").strip()
+    if commit:
+        return commit, "host"
+    return git_commit(), "local checkout"
+
+
+def _phases(steps: list[Step]) -> list[list[Step]]:
+    """Plan order, grouped: each timed step alone, each run of untimed steps together (the
+    checks, then the smoke suites: those never take a worker from a chapter)."""
+    phases: list[list[Step]] = []
+    for s in steps:
+        if s.alone or not phases or phases[-1][0].alone or phases[-1][0].smoke != s.smoke:
+            phases.append([s])
+        else:
+            phases[-1].append(s)
+    return phases
+
+
+def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
+            jobs: int = 1, commit: str | None = None) -> tuple[dict[str, Any], Path]:
+    """Run the plan within the budget, in plan order; write and return the report.
+
+    Steps timed for their figures (``alone``) run one by one with nothing beside them;
+    each run of steps that only check something runs ``jobs`` at a time."""
     started = time.perf_counter()
     info = device_info(device)
+    git, source = host_commit(commit)
 
     def attempt(step: Step, env: dict[str, str]) -> dict[str, Any]:
         left = budget_s - (time.perf_counter() - started)
         if left < 10:
-            return {"name": step.name, "status": "skipped", "seconds": 0.0,
-                    "failure": f"out of time: the {budget_s:.0f} s budget was spent"}
+            return {"name": step.name, "status": "cut", "seconds": 0.0,
+                    "note": f"not started: the {budget_s:.0f} s budget was spent"}
         return run_step(step, env, min(step.cap_s, left))
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as name:
@@ -202,20 +325,23 @@ def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
         shared_env = dict(env)
         if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:   # side by side: share the cores
             shared_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            side_by_side = {s.name: pool.submit(attempt, s, shared_env)
-                            for s in steps if not s.alone}
-            done = {name: f.result() for name, f in side_by_side.items()}
-        for s in steps:
-            if s.alone:
-                done[s.name] = attempt(s, env)
+        done: dict[str, dict[str, Any]] = {}
+        for phase in _phases(steps):
+            if phase[0].alone:
+                done[phase[0].name] = attempt(phase[0], env)
+                continue
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                futures = {s.name: pool.submit(attempt, s, shared_env) for s in phase}
+                done.update({n: f.result() for n, f in futures.items()})
         records = [done[s.name] for s in steps]
-    counts = {s: sum(r["status"] == s for r in records) for s in ("ok", "failed", "timeout", "skipped")}
+    counts = {s: sum(r["status"] == s for r in records)
+              for s in ("ok", "failed", "timeout", "cut")}
     now = _dt.datetime.now(_dt.timezone.utc)
     data = {"kind": "gpu-check", "date": now.isoformat(timespec="seconds"), **info,
-            "git_commit": git_commit(), "budget_s": budget_s,
+            "git_commit": git, "commit_source": source, "budget_s": budget_s,
             "total_s": round(time.perf_counter() - started, 2), "counts": counts,
             "ratios": {r["name"]: r["ratios"] for r in records if r.get("ratios")},
+            "smoke": {r["name"]: r["smoke"] for r in records if r.get("smoke")},
             "steps": records}
     results.mkdir(parents=True, exist_ok=True)
     path = results / f"{now:%Y-%m-%d}-{_slug(info['device_name'])}.json"
@@ -242,8 +368,12 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu runs the same steps on the CPU (to test this script)")
-    p.add_argument("--budget-s", type=float, default=450.0,
-                   help="seconds for all steps; what is left when it is spent is skipped")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help="seconds for all steps; what is left when it is spent is cut")
+    p.add_argument("--commit", help="the commit the host sent (default: $GPU_CHECK_COMMIT, "
+                                    "else this checkout's HEAD)")
+    p.add_argument("--check-imports", action="store_true",
+                   help="only resolve every tinyserve/bench import of every notebook")
     p.add_argument("--only", help="comma-separated step names or patterns (bench-quick:*)")
     p.add_argument("--jobs", type=int, default=None,
                    help="steps side by side before the timed ones (default: 4 on cuda, 1 on cpu)")
@@ -253,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.notebook:
         return run_notebook(Path(args.notebook), args.cell_timeout)
+    if args.check_imports:
+        problems = check_imports()
+        for line in problems:
+            print(line, file=sys.stderr)
+        print(f"imports: {len(problems)} unresolved in {len(notebook_paths())} notebooks")
+        return 1 if problems else 0
     if args.budget_s <= 0:
         p.error(f"--budget-s must be positive, got {args.budget_s}")
     import torch
@@ -265,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = args.jobs if args.jobs is not None else (4 if args.device == "cuda" else 1)
     if jobs < 1:
         p.error(f"--jobs must be at least 1, got {jobs}")
-    data, path = run_all(args.device, args.budget_s, only, Path(args.results), jobs)
+    data, path = run_all(args.device, args.budget_s, only, Path(args.results), jobs,
+                         args.commit)
     print(f"gpu-check on {data['device_name']}: {data['counts']} in {data['total_s']:.0f} s; "
           f"wrote {path}")
     return 0 if data["counts"]["failed"] == data["counts"]["timeout"] == 0 else 1

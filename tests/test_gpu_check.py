@@ -31,27 +31,80 @@ def test_a_real_step_on_cpu_writes_the_report_and_copies_it_to_out(
     [path] = list(results.glob("*.json"))
     data = json.loads(path.read_text())
     assert {"device", "device_name", "torch", "cuda", "python", "date", "git_commit",
-            "budget_s", "total_s", "counts", "ratios", "steps"} <= set(data)
+            "commit_source", "budget_s", "total_s", "counts", "ratios", "smoke",
+            "steps"} <= set(data)
     assert data["device"] == "cpu" and path.name.startswith(data["date"][:10])
     [step] = data["steps"]
     assert step["name"] == "bench-quick:paged" and step["status"] == "ok", step
     assert step["seconds"] > 0 and "failure" not in step
-    # the suite's own ratios travel into the report
-    assert set(data["ratios"]["bench-quick:paged"]) == {"paged_waste_fraction",
-                                                         "contiguous_waste_fraction"}
-    assert data["counts"] == {"ok": 1, "failed": 0, "timeout": 0, "skipped": 0}
+    # a quick suite's figures travel into the report as a smoke test, never as ratios
+    assert set(data["smoke"]["bench-quick:paged"]) == {"paged_waste_fraction",
+                                                        "contiguous_waste_fraction"}
+    assert data["ratios"] == {} and "ratios" not in step
+    assert data["counts"] == {"ok": 1, "failed": 0, "timeout": 0, "cut": 0}
     assert json.loads((out / path.name).read_text()) == data
 
 
 def test_the_plan_covers_tests_notebooks_every_suite_and_the_compiled_path(tmp_path: Path) -> None:
     import bench
-    names = [s.name for s in gpu_check.plan("cpu", tmp_path, 450)]
-    assert names[0] == "pytest-gpu" and "compiled-decode" in names
+    steps = gpu_check.plan("cpu", tmp_path, 300)
+    names = [s.name for s in steps]
+    assert "compiled-decode" in names and "pytest-gpu" in names
     assert {f"bench-quick:{s}" for s in bench.SUITES} <= set(names)
     chapters = sorted(p.stem for p in (Path(gpu_check.REPO) / "course").glob("*.ipynb"))
     assert [n.split(":", 1)[1] for n in names if n.startswith("notebook:")] == chapters
     # the gpu-marked tests are found by their marker, not listed by hand
     assert "tests/test_model.py" in gpu_check.gpu_test_files()
+    assert "tests/test_cuda_graph.py" in gpu_check.gpu_test_files()
+
+
+def test_the_order_is_imports_then_full_figures_then_checks_then_smoke(tmp_path: Path) -> None:
+    """What the budget cuts is the tail: the quick suites, never the full-size figures."""
+    steps = gpu_check.plan("cpu", tmp_path, 300)
+    kinds = ["imports" if s.name == "imports" else "full" if s.alone else
+             "smoke" if s.smoke else "check" for s in steps]
+    assert kinds[0] == "imports"
+    order = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
+    assert order == ["imports", "full", "check", "smoke"], order
+    assert [s.name for s in steps if s.smoke] == [s.name for s in steps
+                                                 if s.name.startswith("bench-quick:")]
+    phases = gpu_check._phases(steps)
+    assert all(len(p) == 1 for p in phases if p[0].alone)
+    assert [len(p) > 1 for p in phases if not p[0].alone] == [True, True]
+
+
+def test_every_notebook_import_of_the_package_resolves() -> None:
+    """The check's first step, run here too: a module moved since a notebook was written
+    fails in CI, not minutes into a chapter on a borrowed GPU."""
+    assert len(gpu_check.notebook_paths()) >= 20
+    assert gpu_check.check_imports() == []
+
+
+def test_the_import_check_names_each_broken_import(tmp_path: Path) -> None:
+    cells = [{"cell_type": "markdown", "source": "from tinyserve.nowhere import x"},
+             {"cell_type": "code", "source": ["%%time\n", "import tinyserve.generate\n",
+                                              "from tinyserve.generate import clock, gone\n"]},
+             {"cell_type": "code", "source": "!pip list\nfrom tinyserve.moved import thing\n"
+                                             "from bench import gpu_check\nimport numpy\n"},
+             {"cell_type": "code", "source": "def f(:\n    from tinyserve import nope"},
+             {"cell_type": "code", "source": "if False:\n    from tinyserve.workbook import nope2"}]
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": cells}))
+    problems = gpu_check.check_imports([nb])
+    assert len(problems) == 3, problems
+    assert ("cell 1: from tinyserve.generate import gone: tinyserve.generate has no 'gone'"
+            in problems[0])
+    assert "cell 2: from tinyserve.moved import thing: no module tinyserve.moved" in problems[1]
+    assert "cell 4: from tinyserve.workbook import nope2" in problems[2]
+
+
+def test_the_commit_is_the_hosts_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPU_CHECK_COMMIT", raising=False)
+    assert gpu_check.host_commit("abc123") == ("abc123", "host")
+    monkeypatch.setenv("GPU_CHECK_COMMIT", "def456")
+    assert gpu_check.host_commit() == ("def456", "host")
+    monkeypatch.delenv("GPU_CHECK_COMMIT")
+    assert gpu_check.host_commit()[1] == "local checkout"
 
 
 def test_a_failing_or_hanging_step_is_recorded_and_the_rest_still_run(
@@ -61,8 +114,9 @@ def test_a_failing_or_hanging_step_is_recorded_and_the_rest_still_run(
              Step("hangs", [py, "-c", "import time; time.sleep(60)"], 1),
              Step("passes", [py, "-c", "print('fine')"], 30, alone=True)]
     monkeypatch.setattr(gpu_check, "plan", lambda device, tmp, budget: steps)
-    data, _ = gpu_check.run_all("cpu", 100, None, tmp_path, jobs=2)
+    data, _ = gpu_check.run_all("cpu", 100, None, tmp_path, jobs=2, commit="c0ffee")
     assert [s["name"] for s in data["steps"]] == ["fails", "hangs", "passes"]  # plan order
+    assert (data["git_commit"], data["commit_source"]) == ("c0ffee", "host")
     by_name = {s["name"]: s for s in data["steps"]}
     assert by_name["fails"]["status"] == "failed"
     assert by_name["fails"]["failure"].startswith("exit code 4") and "boom" in by_name["fails"]["failure"]
@@ -71,11 +125,17 @@ def test_a_failing_or_hanging_step_is_recorded_and_the_rest_still_run(
     assert by_name["passes"]["status"] == "ok"
 
 
-def test_steps_past_the_budget_are_skipped_with_a_note(
+def test_steps_the_budget_stops_or_never_starts_are_cut_not_failures(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    steps = [Step("never", [sys.executable, "-c", "raise SystemExit(1)"], 30)]
+    py = sys.executable
+    steps = [Step("long", [py, "-c", "import time; time.sleep(60)"], 100, alone=True),
+             Step("never", [py, "-c", "raise SystemExit(1)"], 30)]
     monkeypatch.setattr(gpu_check, "plan", lambda device, tmp, budget: steps)
-    data, _ = gpu_check.run_all("cpu", 5, None, tmp_path)
-    [step] = data["steps"]
-    assert step["status"] == "skipped" and "out of time" in step["failure"]
-    assert data["counts"]["skipped"] == 1
+    data, _ = gpu_check.run_all("cpu", 12, None, tmp_path)
+    long, never = data["steps"]
+    assert long["status"] == "cut" and "budget" in long["note"] and "failure" not in long
+    assert never["status"] == "cut" and "not started" in never["note"]
+    assert data["counts"] == {"ok": 0, "failed": 0, "timeout": 0, "cut": 2}
+    monkeypatch.setattr(gpu_check, "run_all", lambda *a, **k: (data, tmp_path / "r.json"))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert main(["--results", str(tmp_path)]) == 0       # a cut run still passes
