@@ -30,6 +30,7 @@ SUITES = {
     "parallel": "tensor parallel on 2 ranks vs 1 process (prefill, decode, all-reduce share), pipeline bubble vs formula",
     "spec": "speculative decoding (draft model, n-gram lookup) vs plain greedy: acceptance, passes/token, speed-up, batch sweep",
     "serve": "load generator against our server: rate sweep, latency percentiles, goodput knee, cost; routing across replicas",
+    "scale": "the memory wall on the bandwidth-scale model: MBU, rows sweep and knee, int8, verify pass, speculation, TP, cache and prefill vs its measured roofline",
     "peers": "our load generator vs guidellm, our server vs transformers serve (make peers installs them)",
 }
 
@@ -37,9 +38,9 @@ SUITES = {
 #: Suites whose ``run`` takes ``compile`` (our side timed with the compiled decode step).
 COMPILABLE = ("hf",)
 
-#: Cores a suite keeps busy, where more than its one torch thread (parallel runs two ranks):
-#: the load average after a run counts them, so it is judged less these.
-OWN_THREADS = {"parallel": 2}
+#: Cores a suite keeps busy, where more than its one torch thread (parallel and scale run two
+#: ranks): the load average after a run counts them, so it is judged less these.
+OWN_THREADS = {"parallel": 2, "scale": 2}
 
 
 def run_suite(name: str, json_path: str | None = None, quick: bool = False,

@@ -27,7 +27,7 @@ RESULTS = ROOT / "bench" / "results"
 #: Every suite that needs only this checkout and a CPU. Not peers: it needs `make peers`
 #: (two more venvs) and runs its own servers for about 15 minutes; run it on its own.
 CPU_SUITES = ("kv", "decode", "hf", "batching", "paged", "prefix", "chunked", "quant",
-              "parallel", "spec", "serve")
+              "parallel", "spec", "serve", "scale")
 
 #: One thread per process for every math library torch may call, set before the process
 #: starts (OpenMP reads it once): the house rule for side-by-side ratios.

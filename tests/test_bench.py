@@ -152,3 +152,48 @@ def test_bench_all_runs_each_suite_in_its_own_process_and_compares_before_replac
     data = json.loads((tmp_path / "paged.json").read_text())
     _check_report(data, "paged")
     assert "contiguous" in (tmp_path / "paged.txt").read_text()   # the printed tables kept
+
+
+#: bench scale's ratios (issue 30); the speculative and tensor-parallel ones are measured
+#: whenever their modules are importable (the report says why otherwise).
+SCALE_CORE = {"scale_decode_mbu_b1", "scale_step_rows4_vs_rows1",
+              "scale_knee_measured_vs_predicted", "scale_int8_decode_speedup",
+              "scale_verify_k4_vs_step", "scale_cache_speedup_512", "scale_prefill_tokens_per_step"}
+SCALE_OPTIONAL = {"speculative": {"scale_spec_measured_vs_predicted"},
+                  "tensor_parallel": {"scale_tp2_decode_speedup", "scale_tp2_vs_bandwidth_bound"}}
+
+
+def test_scale_suite_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench scale --quick: every part ran on tiny models and the report has issue 30's
+    ratios, the sweep eager and compiled at each row count with its compile time, and a
+    note for each ratio that misses its declared goal (quick figures miss most)."""
+    from bench.headlines import BY_SUITE
+    out = tmp_path / "scale.json"
+    assert main(["bench", "scale", "--quick", "--json", str(out)]) == 0
+    assert "-----" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert {"suite", "ratios", "measurements", "machine", "git_commit", "date",
+            "conditions", "quick", "load", "clean", "notes"} <= set(data)
+    assert data["suite"] == "scale" and data["quick"] is True
+    assert data["machine"]["torch_threads"] == 1
+    m = data["measurements"]
+    expected = set(SCALE_CORE)
+    if m["knee"]["measured_fastest"] == float("inf"):   # never 1.5x one row: said in a note
+        expected.discard("scale_knee_measured_vs_predicted")
+        assert "scale_knee_measured_vs_predicted" in data["notes"]
+    for part, names in SCALE_OPTIONAL.items():
+        if "skipped" not in m[part]:
+            expected |= names
+    assert set(data["ratios"]) == expected
+    assert all(isinstance(v, float) and v > 0 for v in data["ratios"].values())
+    assert [r["rows"] for r in m["sweep"]] == data["conditions"]["rows"]
+    assert all(r["eager_ms"] > 0 and r["compiled_ms"] > 0 and r["compile_s"] >= 0
+               and r["fastest_ms"] == min(r["eager_ms"], r["compiled_ms"]) for r in m["sweep"])
+    assert set(m["read_bandwidth_gb_per_s"]) == {"sum", "copy", "matvec"}
+    assert m["verify_vs_step"]["compiled_verify_ms"] > 0 and m["long_context"]["prefill_ms"] > 0
+    # Every ratio is declared in the ledger, and each missed goal has its note.
+    declared = {h.name: h for h in BY_SUITE["scale"].headlines}
+    assert set(data["ratios"]) <= set(declared)
+    missed = {k for k, v in data["ratios"].items()
+              if declared[k].goal is not None and not declared[k].goal.met(v)}
+    assert missed <= set(data["notes"]) and all(data["notes"][k] for k in missed)
