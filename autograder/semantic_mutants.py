@@ -154,6 +154,7 @@ def semantic_report(course: Course, name: str, *, mistakes: list[Mistake] | None
             "caught_at_validate": v["status"] != "graded" or bool(v_lost),
             "only_its_piece": set(lost) <= set(m.pieces),
             "why": "; ".join(g.get("reasons", []) + g.get("flags", []))[:300],
+            "validate_why": "; ".join(v.get("reasons", []) + v.get("flags", []))[:300],
         })
     goals = {"no_full_marks": all(r["loses_marks"] for r in rows),
              "caught_at_validate": all(r["caught_at_validate"] for r in rows),
