@@ -22,11 +22,12 @@ trades accuracy for speed, tested within a stated bound:
   computes ``x @ q.T * s`` without materialising a float weight;
 - ``fbgemm`` (CPU only): the fast one. **Not weight-only**: W8A8 dynamic. It is what
   ``torch.ao.nn.quantized.dynamic.Linear`` runs (``quantized::linear_dynamic`` over FBGEMM):
-  each call also quantizes the *activations* to 8 bits, with one affine scale and zero point
-  for the whole input tensor taken from its min and max at run time, multiplies int8 by int8
+  each call also quantizes the *activations* to 8-bit integers, with one affine scale and zero
+  point for the whole input tensor taken from its min and max at run time, multiplies int8 by int8
   into int32 accumulators, and rescales to float. With ``reduce_range=True`` (the module's
-  setting, which keeps FBGEMM's 16-bit pairwise sums of u8 x s8 products from saturating)
-  the activations get 7 bits, 128 levels. Each row (token) is first divided by its largest
+  setting: x86's ``vpmaddubsw`` sums pairs of u8 x s8 products in 16 bits, which 8-bit
+  activations could overflow; see ``torch/ao/quantization/observer.py``) the activations get
+  7 bits, 128 levels. Each row (token) is first divided by its largest
   ``|x|`` and its output multiplied back, so one outlier token does not coarsen every other
   token's step (on the shipped model, teacher-forced over 1,024 tokens: 4% relative RMS
   logit error this way, 17% with one step for all). The weights are *our* int8 values and
@@ -34,9 +35,10 @@ trades accuracy for speed, tested within a stated bound:
   layout on the first forward and kept on the module (not in the state dict; an extra int8
   copy in memory). So its error against ``reference`` is the activations' rounding alone: at
   most half an activation step times the sum of ``|weight|`` along each output row, far
-  larger than the weight-only kernels' float rounding. The rows of a batch still share the
-  kernel's min and max after that rescaling, so a row's output can differ in the last bits
-  with its batch-mates.
+  larger than the weight-only kernels' float rounding. After that rescaling the rows of a
+  batch still share the kernel's min and max, so a row's step is between 1/127 and 2/127 of
+  its own largest ``|x|`` depending on its batch-mates: batched outputs are close to, not
+  equal to, the same rows run alone.
 
 **The tied embedding** (:func:`quantize_model`). The target reads tokens in and scores them out
 with one (vocab, hidden) matrix. Per-row scales suit both uses: a row is one token's embedding
@@ -185,7 +187,7 @@ class Int8Linear(nn.Module):
             # W8A8 dynamic: the activations are quantized here too (see the module docstring).
             # The kernel takes one scale for the whole input; dividing each row (token) by its
             # largest |x| first, and multiplying its output back (exact: the layer is linear),
-            # makes that step per token, as in decode, whatever the number of rows.
+            # ties each token's step to its own range (within 2x), as in batch-1 decode.
             x = x.float()
             amax = x.abs().amax(-1, keepdim=True)
             r = torch.where(amax > 0, amax, torch.ones_like(amax))
