@@ -21,7 +21,7 @@ from ..config import ModelConfig
 from ..generate import clock, decode_step, prefill
 from ..kv_cache import KVCache
 from ..roofline import decode_cost, eager_step_seconds, matmul_flops, read_bandwidth
-from ..scale import last_level_cache_bytes
+from .roofline_lab import NEAR
 
 
 @dataclass(frozen=True)
@@ -112,21 +112,12 @@ def cache_vs_recompute(model: torch.nn.Module, contexts: list[int], repeats: int
     return out[::-1]
 
 
-def cache_bytes(device: torch.device | str) -> int:
-    """The last-level cache between the cores and memory: a CPU's largest cache (as
-    :func:`tinyserve.scale.last_level_cache_bytes` reads it) or a GPU's L2. Bytes that fit
-    in it need not come from DRAM or HBM on every step."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).L2_cache_size)
-    return last_level_cache_bytes()[0]
-
-
 def step_floors(model: torch.nn.Module, ceilings: Ceilings, context: int, batch: int = 1,
                 cache: int | None = None) -> tuple[float, float]:
     """(memory, compute) floors in seconds of one cached decode step of ``batch`` rows with
     ``context`` cached tokens each. The memory floor is 0 when the step's bytes fit in the
-    last-level cache (``cache`` bytes): the reads then need not reach memory at all."""
+    last-level cache (``cache`` bytes, e.g. from
+    :func:`tinyserve.workbook.roofline_lab.cache_bytes`): the reads then need not reach memory."""
     cost = decode_cost(model, batch, context)
     fits = cache is not None and cost.bytes <= cache
     return (0.0 if fits else cost.bytes / ceilings.bandwidth), cost.flops / ceilings.flop_rate
@@ -143,10 +134,13 @@ def recompute_floors(model: torch.nn.Module, ceilings: Ceilings, context: int,
             recompute_flops(model.config, context) / ceilings.flop_rate)
 
 
-def regime(seconds: float, memory_s: float, compute_s: float, overhead: float = 3.0) -> str:
+def regime(seconds: float, memory_s: float, compute_s: float, overhead: float = NEAR) -> str:
     """Which bound a measured time sits at: ``overhead-bound`` when it is more than
     ``overhead`` times both floors (per-call dispatch and small kernels, which neither floor
-    counts), else whichever floor is the larger (``memory-bound`` or ``compute-bound``)."""
+    counts), else whichever floor is the larger (``memory-bound`` or ``compute-bound``).
+    The threshold is chapter 1's (:data:`tinyserve.workbook.roofline_lab.NEAR`); unlike
+    :func:`tinyserve.workbook.roofline_lab.regime` a floor may be 0 (bytes that fit in the
+    last-level cache, :func:`step_floors`)."""
     if seconds > overhead * max(memory_s, compute_s):
         return "overhead-bound"
     return "memory-bound" if memory_s >= compute_s else "compute-bound"
