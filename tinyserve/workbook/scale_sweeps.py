@@ -21,7 +21,7 @@ from ..config import ModelConfig
 from ..generate import clock, decode_step, prefill
 from ..kv_cache import KVCache
 from ..roofline import decode_cost, eager_step_seconds, matmul_flops, read_bandwidth
-from .roofline_lab import NEAR
+from .roofline_lab import NEAR, cache_bytes
 
 
 @dataclass(frozen=True)
@@ -40,13 +40,13 @@ class Ceilings:
 
 def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.float32,
                      nbytes: int | None = None, n: int | None = None) -> Ceilings:
-    """:class:`Ceilings` on ``device``: the read bandwidth over ``nbytes`` (256 MiB on a CPU,
-    8x a laptop's last-level cache; 1 GiB on a GPU, far past its L2) and the FLOP rate of an
-    ``n x n`` matmul in ``dtype`` (1024 on a CPU; 8192 on a GPU, where a small one is too
-    short to fill the device)."""
+    """:class:`Ceilings` on ``device``: the read bandwidth over ``nbytes`` (by default, as in
+    chapter 1, 8x the last-level cache and at least 256 MiB on a CPU; 1 GiB on a GPU, far past
+    its L2) and the FLOP rate of an ``n x n`` matmul in ``dtype`` (1024 on a CPU; 8192 on a
+    GPU, where a small one is too short to fill the device)."""
     device = torch.device(device)
     gpu = device.type == "cuda"
-    nbytes = nbytes or (2**30 if gpu else 256 * 2**20)
+    nbytes = nbytes or (2**30 if gpu else max(256 * 2**20, 8 * cache_bytes(device)[0]))
     read = read_bandwidth(device, nbytes)
     rate = matmul_flops(device, dtype, n or (8192 if gpu else 1024))
     return Ceilings(read.best, read.fastest_way, rate)
