@@ -136,3 +136,88 @@ def test_on_cuda_a_seeded_engine_run_repeats_and_steps_still_read_once(model) ->
     again, _ = _engine_run(gpu, prompts, sampling)
     assert first == again and all(len(t) == 12 for t in first)
     assert all(reads <= 1 for reads, _, _ in per_step)
+
+
+# ------------------------------------------------------------------ the decoding loops
+# Stated maxima, per step (prefill included in the first): what the host must know to go on.
+STREAM_READS = 1        # the sampled token (to yield it and to check for a stop)
+BATCH_READS = 1         # the rows' sampled tokens, one list
+SPEC_GREEDY_READS = 2   # the draft's k guesses, once; the verify pass's k + 1 argmaxes, once
+SPEC_NGRAM_READS = 1    # n-gram guesses are host lists: only the verify pass's argmaxes
+# Sampled speculative decoding keeps the reference acceptance (Leviathan et al.'s rejection
+# sampling on the CPU, seeded, the same on any device): per step each guess's distribution
+# q and the verify pass's p go to the host (k + 1 device reads), and the draws and the
+# accept test read host tensors (free on any device, but counted: at most k + 5 of them).
+def spec_sampled_device_reads(k: int) -> int:
+    return k + 1
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(),
+                                      SamplingParams(temperature=0.9, top_k=20, top_p=0.9, seed=4)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("graph", [False, True], ids=["cache", "static-buffers"])
+def test_a_generate_stream_step_reads_the_sampled_token_only(model, sampling, graph) -> None:
+    from tinyserve.generate import generate, generate_stream
+    prompt = _prompts(9)[0]
+    stream = generate_stream(model, prompt, 12, sampling=sampling, graph=graph)
+    tokens = []
+    while True:
+        with torch.no_grad(), HostReads() as reads:
+            token = next(stream, None)
+        if token is None:
+            break
+        tokens.append(token)
+        assert reads.count <= STREAM_READS, reads.where
+    # the same tokens as recompute, which passes no cache (and reads whatever it likes)
+    assert tokens == generate(model, prompt, 12, sampling=sampling, use_cache=False).tokens
+
+
+def test_a_generate_batch_step_reads_the_rows_tokens_once(model) -> None:
+    from tinyserve.generate import generate_batch
+    prompts = _prompts(3, 11, 6)
+    for graph in (False, True):
+        out, reads = count_reads(generate_batch, model, prompts, 10, graph=graph)
+        steps = max(len(o) for o in out)
+        assert reads.count <= BATCH_READS * steps, reads.where
+        assert out == generate_batch(model, prompts, 10, use_cache=False)
+
+
+def _spec_step_reads(model, drafter, k=4, steps=6):
+    from tinyserve.speculative import SpeculativeDecoder
+    dec = SpeculativeDecoder(model, drafter, k)
+    prompt = _prompts(8)[0] * 2                      # repeats: the n-gram drafter finds them
+    dec.prefill(prompt, len(prompt) + steps * (k + 1) + 2)
+    counts = []
+    for _ in range(steps):
+        _, reads = count_reads(dec.step, k)
+        counts.append((reads.count, reads.where))
+    return dec.context[len(prompt):], counts
+
+
+def test_a_speculative_step_reads_the_drafts_and_the_verdicts_once_each(model) -> None:
+    from tinyserve.generate import generate
+    from tinyserve.speculative import ModelDrafter, NGramDrafter
+    draft = sharp_model(CFG, seed=4)
+    for drafter, most in ((ModelDrafter(draft), SPEC_GREEDY_READS),
+                          (NGramDrafter(max_n=3, min_n=1), SPEC_NGRAM_READS)):
+        tokens, counts = _spec_step_reads(model, drafter)
+        for reads, where in counts:
+            assert reads <= most, where
+        prompt = _prompts(8)[0] * 2
+        assert tokens == generate(model, prompt, len(tokens), use_cache=False).tokens
+
+
+def test_a_sampled_speculative_step_moves_each_distribution_to_the_host_once(model) -> None:
+    from tinyserve.speculative import ModelDrafter, NGramDrafter, SpeculativeDecoder
+    k = 4
+    for drafter, q_reads in ((ModelDrafter(sharp_model(CFG, seed=4)), k),
+                             (NGramDrafter(max_n=3, min_n=1), 0)):
+        dec = SpeculativeDecoder(model, drafter, k, SamplingParams(temperature=0.9, seed=3))
+        prompt = _prompts(8)[0] * 2
+        dec.prefill(prompt, len(prompt) + 6 * (k + 1) + 2)
+        for _ in range(6):
+            _, reads = count_reads(dec.step, k)
+            to_host = [w for w in reads.where if w.startswith("Tensor.cpu")]
+            assert len(to_host) <= q_reads + 1, reads.where     # the q's and p
+            assert len(to_host) <= spec_sampled_device_reads(k)
+            assert reads.count <= 2 * k + 6, reads.where

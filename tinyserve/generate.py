@@ -25,7 +25,8 @@ from torch import Tensor
 from .kv_cache import KVCache
 from .metrics import RequestTrace
 from .model import TinyLlama
-from .sampling import SamplingParams, sample, sample_with
+from .device import upload
+from .sampling import SamplingParams, sample, sample_rows, sample_with
 
 __all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
            "extend", "decode_step", "generate_stream", "generate", "generate_batch", "clock"]
@@ -87,49 +88,85 @@ def prefill(model: TinyLlama, ids: Tensor, cache: KVCache,
     of the positions ``logits_at`` (B, len(logits_at), vocab): generation samples from
     each row's last position only, and scoring the vocabulary at every prompt position
     would cost as much as a few decode steps."""
-    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-    if logits_at is None:            # any model-like callable (a shard, a learner's model)
+    if _knows_positions(model, cache) and not any(cache.lengths):
+        positions = None     # 0..T-1 from the empty cache's host lengths: nothing read back
+    else:                    # any model-like callable (a shard, a learner's model)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if logits_at is None:
         return model(ids, positions, cache)
     return model(ids, positions, cache, logits_at=logits_at)
 
 
+def _knows_positions(model: object, cache: object) -> bool:
+    """Whether ``model(ids, None, cache)`` takes its positions from the cache's host lengths
+    (this package's model with a cache that has ``step_positions``). Other model-like
+    callables (a tensor-parallel shard, a learner's model) read ``None`` as "0..T-1, no
+    cache" or not at all: they are always given explicit positions."""
+    return isinstance(model, TinyLlama) and hasattr(cache, "step_positions")
+
+
 @torch.inference_mode()
-def extend(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+def extend(model: TinyLlama, tokens: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
     """Feed T tokens per row (B, T) at their positions (B, T), right after what ``cache``
     holds; return their logits (B, T, vocab).
 
     The one cached forward pass every decoding loop shares: a decode step is T = 1,
     speculative decoding's verify pass feeds the last token and k guesses (T = k + 1),
     and its draft model catches up on the 1 or 2 tokens it has not seen.
+
+    ``positions=None``: each row's tokens go right after what the cache holds, positions
+    taken from the lengths the cache keeps on the host, so the pass reads nothing back from
+    the device. Explicit positions are the reference (they may overwrite, and must be read
+    back to be checked: two host reads per pass, a synchronisation each on a GPU).
+    A model-like callable that does not take positions from a cache (a shard, a learner's
+    model) is given them explicitly, built from the same host lengths.
     """
+    if positions is None and not _knows_positions(model, cache):
+        positions = upload(list(cache.lengths), tokens.device)[:, None] + \
+            torch.arange(tokens.shape[1], device=tokens.device)
     return model(tokens, positions, cache)
 
 
 @torch.inference_mode()
-def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor, cache: KVCache) -> Tensor:
+def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor | None,
+                cache: KVCache) -> Tensor:
     """Feed one token per row (B,) at its position (B,); return next-token logits (B, vocab).
 
     The new token's query attends to every cached key of its row, so this costs one token's
     matmuls plus an attention over the row so far, instead of a pass over the whole row.
+    ``positions=None``: the position after each row's cached tokens (see :func:`extend`).
     """
-    return extend(model, tokens[:, None], positions[:, None], cache)[:, -1]
+    return extend(model, tokens[:, None], None if positions is None else positions[:, None],
+                  cache)[:, -1]
 
 
 @torch.no_grad()
 def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
                     sampling: SamplingParams = SamplingParams(),
                     stop_ids: tuple[int, ...] = (), use_cache: bool = True,
-                    trace: RequestTrace | None = None, compile: bool = False) -> Iterator[int]:
+                    trace: RequestTrace | None = None, compile: bool = False,
+                    graph: bool | None = None) -> Iterator[int]:
     """Yield up to ``max_tokens`` new tokens as they are sampled; record timestamps in
     ``trace`` if given (its ``arrival`` is kept, so a caller can stamp it when the request
     really arrived). Stops after a stop token (yielded) or at the end of the context window.
 
-    ``compile`` runs decode steps through :mod:`tinyserve.compiled` (a static cache and a
+    Decode steps run, by default, through a CUDA graph on a GPU (:mod:`tinyserve.cuda_graph`:
+    static buffers, the step captured once and replayed) and eagerly on the plain KV cache
+    elsewhere; ``graph=False`` forces the eager step, ``graph=True`` the static-buffer code
+    on any device (on a CPU it runs eagerly: the same code, no capture). ``compile`` runs
+    decode steps through :mod:`tinyserve.compiled` instead (a static cache and a
     ``torch.compile``-d step; the first request pays the compile time).
+
+    A step reads one value back from the device: the sampled token, which the host needs
+    anyway (to yield it and to stop). Positions come from the host's count.
     """
     if compile and not use_cache:
         raise ValueError("compile needs the KV cache: drop --no-cache or --compile")
+    if graph and (compile or not use_cache):
+        raise ValueError("graph decoding needs the KV cache and no --compile")
     device = model.device
+    if graph is None:
+        graph = use_cache and not compile and device.type == "cuda"
     if trace is None:
         trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(device))
     trace.prompt_tokens, trace.use_cache = len(prompt_ids), use_cache
@@ -137,53 +174,66 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
     # Admission: the request is valid and its KV memory is reserved (prompt + output slots).
-    decoder = None
+    decoder = graphed = None
     if compile:
         from .compiled import compiled_decoder
         decoder = compiled_decoder(model, 1, tokens=len(prompt_ids) + steps)
-    cache = (decoder.cache if decoder is not None else
+    elif graph:
+        from .cuda_graph import graph_decoder
+        graphed = graph_decoder(model, 1, tokens=len(prompt_ids) + steps)
+    cache = (decoder.cache if decoder is not None else None if graphed is not None else
              KVCache.for_model(model, 1, len(prompt_ids) + steps) if use_cache else None)
-    generator = sampling.generator()
+    generator = sampling.generator(device)
     ids = torch.tensor([prompt_ids], device=device)
     trace.admitted = clock(device)
-
-    trace.prefill_start = clock(device)
-    last = torch.tensor([len(prompt_ids) - 1], device=device)
-    logits = (prefill(model, ids, cache, logits_at=last)[:, -1] if cache is not None
-              else model(ids, logits_at=last)[:, -1])
-    trace.prefill_end = clock(device)
-    position = len(prompt_ids)
-    trace.finish_reason = "length" if steps == max_tokens else "window"
-    for step in range(steps):
-        token = sample_with(logits, sampling, generator)   # (1,)
-        token_id = int(token)                              # waits for the device
-        trace.token_times.append(time.perf_counter())
-        trace.tokens.append(token_id)
-        yield token_id
-        if token_id in stop_ids:
-            trace.finish_reason = "stop"
-            break
-        if step == steps - 1:
-            break  # no forward pass for a token nobody will sample
-        if decoder is not None:
-            logits = decoder.step(token, torch.tensor([position], device=device))
+    try:
+        trace.prefill_start = clock(device)
+        last = torch.tensor([len(prompt_ids) - 1], device=device)
+        if graphed is not None:
+            logits = graphed.prefill(ids, [len(prompt_ids)])
         elif cache is not None:
-            logits = decode_step(model, token, torch.tensor([position], device=device), cache)
+            logits = prefill(model, ids, cache, logits_at=last)[:, -1]
         else:
-            ids = torch.cat([ids, token[:, None]], dim=1)
-            logits = model(ids)[:, -1]                     # the whole sequence, again
-        position += 1
-    trace.finish = clock(device)
+            logits = model(ids, logits_at=last)[:, -1]
+        trace.prefill_end = clock(device)
+        position = len(prompt_ids)
+        trace.finish_reason = "length" if steps == max_tokens else "window"
+        for step in range(steps):
+            token = sample_rows(logits, [sampling], [generator])   # (1,), on the device
+            token_id = int(token)                  # the step's one read: waits for the device
+            trace.token_times.append(time.perf_counter())
+            trace.tokens.append(token_id)
+            yield token_id
+            if token_id in stop_ids:
+                trace.finish_reason = "stop"
+                break
+            if step == steps - 1:
+                break  # no forward pass for a token nobody will sample
+            if graphed is not None:
+                logits = graphed.step(token, [position])
+            elif decoder is not None:
+                logits = decoder.step(token, upload([position], device))
+            elif cache is not None:
+                logits = decode_step(model, token, None, cache)   # at the cache's length
+            else:
+                ids = torch.cat([ids, token[:, None]], dim=1)
+                logits = model(ids)[:, -1]                     # the whole sequence, again
+            position += 1
+        trace.finish = clock(device)
+    finally:
+        if graphed is not None:
+            graphed.release()   # the next request may use its buffers
 
 
 def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
              sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
-             use_cache: bool = True, compile: bool = False) -> RequestTrace:
+             use_cache: bool = True, compile: bool = False,
+             graph: bool | None = None) -> RequestTrace:
     """Run :func:`generate_stream` to the end; the trace holds the tokens and timestamps."""
     trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(model.device))
     for _ in generate_stream(model, prompt_ids, max_tokens, sampling=sampling,
                              stop_ids=stop_ids, use_cache=use_cache, trace=trace,
-                             compile=compile):
+                             compile=compile, graph=graph):
         pass
     return trace
 
@@ -191,7 +241,7 @@ def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
 @torch.no_grad()
 def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
                    sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
-                   use_cache: bool = True) -> list[list[int]]:
+                   use_cache: bool = True, graph: bool | None = None) -> list[list[int]]:
     """Static batching: every prompt advances one token per step until all are done.
 
     Prompts of different lengths are right-padded into one tensor. Padding sits in each
@@ -201,48 +251,78 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     dropped. Returns each row's new tokens. With sampling, all rows draw from one seeded
     stream, so a seeded batch is reproducible, though a row's tokens differ from the same
     prompt run alone with that seed.
+
+    Decode steps run as in :func:`generate_stream`: a CUDA graph by default on a GPU (the
+    batch padded up to the graph's bucket), the eager step on the plain cache elsewhere;
+    ``graph`` forces one or the other. One read per step: the rows' sampled tokens.
     """
     if not prompts:
         raise PromptError("no prompts given")
+    if graph and not use_cache:
+        raise ValueError("graph decoding needs the KV cache")
     window = model.config.max_position_embeddings
     for p in prompts:
         check_prompt(p, max_tokens, window)
     device, B = model.device, len(prompts)
+    if graph is None:
+        graph = use_cache and device.type == "cuda"
     lengths = [len(p) for p in prompts]
     steps = min(max_tokens, window - max(lengths))
     pad = model.config.pad_token_id
     padded = torch.tensor([p + [pad] * (max(lengths) - len(p)) for p in prompts], device=device)
     last = torch.tensor(lengths, device=device) - 1         # each row's last real position
     rows = torch.arange(B, device=device)
-    generator = sampling.generator()
+    generator = sampling.generator(device)
 
-    cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache else None
-    if cache is not None:
-        # Only the rows' last prompt positions are scored, each distinct one once (prompts
-        # of one length share it): (B, distinct, vocab), row b's at [b, which[b]].
-        ends, which = torch.unique(last, return_inverse=True)
-        logits = prefill(model, padded, cache, logits_at=ends)[rows, which]
-        cache.rewind(lengths)
-    else:
-        seqs = [list(p) for p in prompts]
-        logits = model(padded)[rows, last]
-    out: list[list[int]] = [[] for _ in range(B)]
-    done = [False] * B
-    for step in range(steps):
-        tokens = sample_with(logits, sampling, generator)  # (B,)
-        for b, t in enumerate(tokens.tolist()):
-            if not done[b]:
-                out[b].append(t)
-                done[b] = t in stop_ids
-        if all(done) or step == steps - 1:
-            break
-        last = last + 1
-        if cache is not None:
-            logits = decode_step(model, tokens, last, cache)
+    graphed = None
+    if graph:
+        from .cuda_graph import graph_decoder
+        graphed = graph_decoder(model, B, tokens=max(lengths) + steps)
+    cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache and not graph else None
+    try:
+        if graphed is not None:
+            logits = graphed.prefill(padded, lengths)
+        elif cache is not None:
+            # Only the rows' last prompt positions are scored, each distinct one once (prompts
+            # of one length share it): (B, distinct, vocab), row b's at [b, which[b]].
+            ends, which = _distinct_ends(lengths, device)
+            logits = prefill(model, padded, cache, logits_at=ends)[rows, which]
+            cache.rewind(lengths)
         else:
-            for b, t in enumerate(tokens.tolist()):
-                seqs[b].append(t)
-            width = max(len(s) for s in seqs)
-            ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=device)
-            logits = model(ids)[rows, last]
+            seqs = [list(p) for p in prompts]
+            logits = model(padded)[rows, last]
+        out: list[list[int]] = [[] for _ in range(B)]
+        done = [False] * B
+        for step in range(steps):
+            # Every row draws from the one stream, in row order.
+            tokens = sample_rows(logits, [sampling] * B, [generator] * B)   # (B,)
+            for b, t in enumerate(tokens.tolist()):          # the step's one read
+                if not done[b]:
+                    out[b].append(t)
+                    done[b] = t in stop_ids
+            if all(done) or step == steps - 1:
+                break
+            if graphed is not None:
+                logits = graphed.step(tokens, [n + step for n in lengths])
+            elif cache is not None:
+                logits = decode_step(model, tokens, None, cache)  # at each row's length
+            else:
+                last = last + 1
+                for b, t in enumerate(tokens.tolist()):
+                    seqs[b].append(t)
+                width = max(len(s) for s in seqs)
+                ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], device=device)
+                logits = model(ids)[rows, last]
+    finally:
+        if graphed is not None:
+            graphed.release()
     return out
+
+
+def _distinct_ends(lengths: list[int], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Each row's last prompt position, as (the distinct ones in order, which one each row
+    has): worked out on the host, where the lengths are (``torch.unique`` would read them
+    back from the device)."""
+    ends = sorted(set(n - 1 for n in lengths))
+    which = [ends.index(n - 1) for n in lengths]
+    return upload(ends, device), upload(which, device)

@@ -175,24 +175,24 @@ class ModelDrafter:
             return [], None
         device, have = self.model.device, self.cache.lengths[0]
         # Catch up on committed tokens the cache lacks: 1, or 2 after a fully accepted step.
+        # Positions from the cache's host length (``positions=None``): nothing read back.
         feed = torch.tensor([context[have:]], device=device)
-        pos = torch.arange(have, len(context), device=device)[None]
-        logits = extend(self.model, feed, pos, self.cache)[:, -1]       # (1, V)
+        logits = extend(self.model, feed, None, self.cache)[:, -1]      # (1, V)
         greedy = sampling.temperature == 0
         drafts: list[Tensor] = []
         probs: list[Tensor] = []
         for i in range(k):
             if greedy:
                 token = logits.argmax(-1)                                # (1,), on the device
-            else:
+                drafts.append(token)
+            else:   # q to the host (the seeded reference draw), the guess drawn there
                 q = probs_for(logits, sampling)
                 probs.append(q[0])
-                token = torch.multinomial(q, 1, generator=generator)[:, 0].to(device)
-            drafts.append(token)
+                drafts.append(torch.multinomial(q, 1, generator=generator)[:, 0])
+                token = drafts[-1].to(device)
             if i < k - 1:  # the last guess is never fed: the verify pass scores it
-                position = torch.tensor([len(context) + i], device=device)
-                logits = decode_step(self.model, token, position, self.cache)
-        tokens = torch.cat(drafts).tolist()                         # one host sync per step
+                logits = decode_step(self.model, token, None, self.cache)  # at len(context) + i
+        tokens = torch.cat(drafts).tolist()          # greedy: the one device read of the draft
         return tokens, (None if greedy else torch.stack(probs))
 
     def commit(self, n_committed: int) -> None:
@@ -319,10 +319,9 @@ class SpeculativeDecoder:
         """Draft up to k tokens, verify them in one target pass; return the new tokens."""
         assert self.cache is not None, "call prefill() first"
         draft, q = self.drafter.propose(self.context, k, self.sampling, self.generator)
-        n = len(self.context)
+        # Right after the cache's len(context) - 1 tokens; positions from its host length.
         feed = torch.tensor([self.context[-1:] + draft], device=self.target.device)
-        pos = torch.arange(n - 1, n + len(draft), device=feed.device)[None]
-        logits = extend(self.target, feed, pos, self.cache)[0]      # (len(draft) + 1, V)
+        logits = extend(self.target, feed, None, self.cache)[0]     # (len(draft) + 1, V)
         new = self._pick(logits, draft, q)
         self.stats.proposed += len(draft)
         self.stats.accepted += len(new) - 1

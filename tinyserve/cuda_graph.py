@@ -1,0 +1,276 @@
+"""CUDA-graph decode: the eager decode step, captured once per batch bucket and replayed.
+
+On a GPU an eager decode step of this model is a few hundred small kernels, each launched
+from Python; at batch 1 the launches, not the weights' bytes, can set the step's time. A
+CUDA graph records the kernels of one step once; replaying it is one launch for all of
+them (PyTorch's ``torch.cuda.CUDAGraph``). No compiler is involved: the graph holds the
+very kernels the eager step runs, so it gives the eager step's tokens, and capturing takes
+a couple of eager steps' time, not a compile's minutes.
+
+A replay re-runs the recorded kernels on the recorded addresses, with no Python in
+between. So the step must (this is nano-vllm's recipe, ``ModelRunner.capture_cudagraph``):
+
+- read and write only *static buffers*: the step's input tokens and positions live in
+  tensors made once, and each step copies its values into them; the KV cache is a
+  :class:`GraphKVCache` whose shapes never change (every row owns the whole window, and
+  which slots a query may see is computed on the device from the positions);
+- read nothing back to the host (a read during capture is an error): the positions come
+  from the host's own count, copied in, never read out;
+- have one shape per graph: batches are padded up to a *bucket* (1, 2, 4, 8, then steps
+  of 16, nano-vllm's sizes), one graph per bucket and cache window. Graphs captured on
+  one device share one memory pool (``torch.cuda.graph_pool_handle``), so their
+  intermediate tensors take the memory once, not once per bucket.
+
+Where CUDA is absent (or ``capture=False``) :class:`GraphDecoder` runs the same step
+eagerly on the same static buffers: that is how the buffers, the buckets and the padding
+are tested on a CPU, against the plain KV-cache step. ``torch.compile``'s graphs
+(:mod:`tinyserve.compiled`) stay the opt-in "compiled" step: fused kernels, minutes to
+build.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .compiled import StaticKVCache, window_for
+from .config import ModelConfig
+from .device import upload
+from .kv_cache import CacheFullError
+from .model import TinyLlama
+
+__all__ = ["MAX_BATCH", "buckets", "bucket_for", "GraphKVCache", "GraphDecoder",
+           "graph_decoder", "shared_pool"]
+
+#: The largest batch a graph is captured for (nano-vllm's default ``max_num_seqs``).
+MAX_BATCH = 512
+
+
+def buckets(max_batch: int = MAX_BATCH) -> tuple[int, ...]:
+    """The batch sizes graphs are captured for: 1, 2, 4, 8, then every multiple of 16 up
+    to ``max_batch``. Small batches are common and cheap to pad; past 8 a step's cost
+    grows slowly with its rows, so steps of 16 waste at most 15 padded rows."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+    small = [b for b in (1, 2, 4, 8) if b <= max_batch]
+    return tuple(small + list(range(16, max_batch + 1, 16)))
+
+
+def bucket_for(batch: int, max_batch: int = MAX_BATCH) -> int:
+    """The smallest bucket that holds ``batch`` rows."""
+    if batch < 1:
+        raise ValueError(f"a batch has at least one row, got {batch}")
+    for b in buckets(max_batch):
+        if batch <= b:
+            return b
+    raise ValueError(f"a graph decode step takes at most {max_batch} rows, got {batch}; "
+                     f"split the batch or decode it eagerly (graph=False)")
+
+
+class GraphKVCache(StaticKVCache):
+    """:class:`~tinyserve.compiled.StaticKVCache` (the whole window returned every step,
+    visibility computed on the device) plus the step's positions as a static buffer
+    ``positions`` (B, 1).
+
+    ``step_positions`` hands the model that buffer, so ``model(tokens, None, cache)`` takes
+    its positions from it: nothing to check on the device, nothing read back. The caller
+    fills the buffer before each step (and checks the values on the host).
+    """
+
+    def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
+                 dtype: torch.dtype, max_seq: int | None = None) -> None:
+        # StaticKVCache's state without its torch.compile markers (no dynamo import here).
+        self.config, self.batch_size = config, batch_size
+        self.max_seq = max_seq or config.max_position_embeddings
+        shape = (batch_size, self.max_seq, config.num_key_value_heads, config.head_dim)
+        layers = range(config.num_hidden_layers)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
+        self.slots = torch.arange(self.max_seq, device=device)
+        self.row_starts = torch.arange(batch_size, device=device) * self.max_seq
+        self.positions = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+        self.prefilling = False   # set for one pass: the prompts, at 0..T-1
+
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+    def step_positions(self, batch: int, tokens: int) -> Tensor:
+        """The static buffer for a decode step; 0..T-1 for the prefill that
+        :meth:`GraphDecoder.prefill` announces (prompts start at 0: known on the host)."""
+        if self.prefilling and batch == self.batch_size:
+            self.prefilling = False
+            if tokens > self.max_seq:
+                raise CacheFullError(f"the prompts are {tokens} tokens but this cache holds "
+                                     f"{self.max_seq} per row")
+            return torch.arange(tokens, device=self.slots.device).expand(batch, tokens)
+        if batch != self.batch_size or tokens != 1:
+            raise ValueError(f"a graph step feeds one token to each of {self.batch_size} "
+                             f"rows, got {batch} rows of {tokens}")
+        return self.positions
+
+
+_POOLS: dict[torch.device, object] = {}
+
+
+def shared_pool(device: torch.device) -> object:
+    """The memory pool every graph on ``device`` is captured into (one per device)."""
+    if device not in _POOLS:
+        _POOLS[device] = torch.cuda.graph_pool_handle()
+    return _POOLS[device]
+
+
+class GraphDecoder:
+    """Static buffers, a static KV cache and (on CUDA) the captured decode step, for
+    ``batch_size`` rows (a bucket) of up to ``window`` positions each.
+
+    One request (or one static batch) at a time: :meth:`prefill` its right-padded prompts,
+    then :meth:`step` per token, then :meth:`release`. Rows past the caller's batch are
+    padding: they feed the pad token at the window's last slot, which no real row sees
+    before writing it itself.
+    """
+
+    def __init__(self, model: TinyLlama, batch_size: int, window: int | None = None, *,
+                 capture: bool | None = None) -> None:
+        self.model = model
+        self.device = model.device
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
+        self.cache = GraphKVCache(model.config, batch_size, device=self.device,
+                                  dtype=model.dtype, max_seq=window)
+        self.batch_size, self.window = batch_size, self.cache.max_seq
+        self.pad = model.config.pad_token_id
+        self.tokens = torch.full((batch_size,), self.pad, dtype=torch.long, device=self.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._out: Tensor | None = None      # the graph's logits (its pool's memory)
+        self._captured_from: tuple | None = None
+        self.captures = 0                    # how many times the step was captured
+        self.capture_seconds: float | None = None
+        self.in_use = False
+
+    def _forward(self) -> Tensor:
+        """The step itself: the static tokens at the static positions (B, vocab)."""
+        return self.model(self.tokens[:, None], None, self.cache)[:, -1]
+
+    def _weights(self) -> tuple:
+        """The addresses a captured graph reads besides its buffers: every parameter, the
+        stacked weight copies :func:`~tinyserve.model.fused_linear` keeps (rebuilt when a
+        weight changes) and the rotary table. If any moved, the graph is captured again.
+        (A rebuilt copy at the old address is read correctly by the old graph.)"""
+        kept = [m.__dict__.get("_fused_weight") for m in self.model.modules()]
+        stacked = tuple(k[1].data_ptr() if k is not None else 0 for k in kept)
+        rope = self.model.__dict__.get("_rope_table")
+        tables = (rope[1].data_ptr(), rope[2].data_ptr()) if rope is not None else ()
+        return tuple(p.data_ptr() for p in self.model.parameters()) + stacked + tables
+
+    def _park(self) -> None:
+        """Every row at the window's last slot: what a padding row (and the warm-up and
+        capture) writes there is overwritten by a real row before that row can see it."""
+        self.tokens.fill_(self.pad)
+        self.cache.positions.fill_(self.window - 1)
+
+    def _capture(self) -> None:
+        start = time.perf_counter()
+        self._park()
+        self.graph = self._out = None
+        # Warm up on a side stream (lazy state: the rotary table, the stacked weights,
+        # cuBLAS's workspace), then record one step into the shared pool.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._forward()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=shared_pool(self.device)):
+            self._out = self._forward()
+        torch.cuda.synchronize(self.device)
+        self.graph, self._captured_from = graph, self._weights()
+        self.captures += 1
+        self.capture_seconds = time.perf_counter() - start
+
+    @torch.inference_mode()
+    def prefill(self, ids: Tensor, lengths: Sequence[int]) -> Tensor:
+        """Run right-padded prompts ``ids`` (B, T), row b holding ``lengths[b]`` real tokens,
+        eagerly into the cache; return each row's next-token logits (B, vocab).
+
+        The batch is padded to the bucket with one-token rows. The first prefill (and one
+        after the model's weights moved) captures the step."""
+        B, T = ids.shape
+        if not 1 <= B <= self.batch_size or len(lengths) != B:
+            raise ValueError(f"need 1 to {self.batch_size} rows with one length each, "
+                             f"got {B} rows and {len(lengths)} lengths")
+        if T > self.window:
+            raise CacheFullError(f"the prompts are {T} tokens but this decoder's cache "
+                                 f"holds {self.window} per row")
+        if B < self.batch_size:
+            ids = torch.cat([ids, torch.full((self.batch_size - B, T), self.pad,
+                                             dtype=ids.dtype, device=ids.device)])
+        lengths = list(lengths) + [1] * (self.batch_size - B)
+        ends = sorted(set(n - 1 for n in lengths))   # each distinct last position once
+        which = upload([ends.index(n - 1) for n in lengths], self.device)
+        self.cache.prefilling = True    # positions 0..T-1 from the host: nothing read back
+        try:
+            logits = self.model(ids, None, self.cache, logits_at=upload(ends, self.device))
+        finally:
+            self.cache.prefilling = False
+        logits = logits[torch.arange(self.batch_size, device=self.device), which][:B]
+        if self.capture and (self.graph is None or self._captured_from != self._weights()):
+            self._capture()
+        return logits
+
+    @torch.inference_mode()
+    def step(self, tokens: Tensor, positions: Sequence[int]) -> Tensor:
+        """Feed ``tokens`` (B,) (on the device: never read) at ``positions`` (B ints, known
+        on the host); return next-token logits (B, vocab), a tensor of the caller's."""
+        B = len(positions)
+        if not 1 <= B <= self.batch_size or tokens.shape != (B,):
+            raise ValueError(f"need 1 to {self.batch_size} tokens, one per position; got "
+                             f"tokens of shape {tuple(tokens.shape)} and {B} positions")
+        if max(positions) >= self.window or min(positions) < 0:
+            raise CacheFullError(f"position {max(positions)} does not fit this decoder's "
+                                 f"cache of {self.window} slots per row")
+        if B < self.batch_size:
+            self._park()   # padding rows: the pad token at the last slot
+        self.tokens[:B].copy_(tokens)
+        self.cache.positions[:B, 0].copy_(upload(list(positions), self.device))
+        if self.graph is None:
+            return self._forward()[:B]
+        self.graph.replay()
+        # A copy at once: the logits live in the pool, which another bucket's replay reuses.
+        return self._out[:B].clone()
+
+    def release(self) -> None:
+        """The request is done: the decoder (its buffers, cache and graph) may serve another."""
+        self.in_use = False
+
+
+_DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[tuple, list[GraphDecoder]]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def graph_decoder(model: TinyLlama, batch: int, tokens: int | None = None, *,
+                  capture: bool | None = None) -> GraphDecoder:
+    """A free decoder for ``model`` whose bucket holds ``batch`` rows and whose cache holds
+    ``tokens`` positions per row (rounded up to a power of two from 64, as the compiled
+    step does; default: the context window), marked in use until :meth:`GraphDecoder.release`.
+
+    Decoders are kept per model and reused, graph and all: a graph is captured once, not
+    per request. A second request while the first still streams gets a decoder of its own.
+    """
+    context = model.config.max_position_embeddings
+    window = window_for(context if tokens is None else tokens, context)
+    capture = model.device.type == "cuda" if capture is None else capture
+    key = (bucket_for(batch), window, capture, model.device, model.dtype)
+    free = _DECODERS.setdefault(model, {}).setdefault(key, [])
+    decoder = next((d for d in free if not d.in_use), None)
+    if decoder is None:
+        decoder = GraphDecoder(model, key[0], window, capture=capture)
+        free.append(decoder)
+    decoder.in_use = True
+    return decoder
