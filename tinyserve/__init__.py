@@ -19,6 +19,7 @@ One request (chapters 0-2)
     generate        the recompute loop and the cached loop with a clock (prefill, decode)
     kv_cache        the contiguous KV cache
     compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
+    cuda_graph      the decode step captured once per batch bucket and replayed (CUDA's default)
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
 
@@ -52,7 +53,8 @@ Serving (chapter 9)
 Around it
     workbook/       course helpers: ``capacity`` (KV memory), ``lab`` (the KV calculator
                     widget), ``predict`` (commit a guess, then measure), ``roofline_lab``
-                    (predict where decode stops being memory-bound), ``plots``,
+                    (predict where decode stops being memory-bound), ``scale_sweeps`` (the
+                    sweeps chapters 2 and 3 run at both scales), ``plots``,
                     ``model_card``, ``markers`` (README sections a command writes),
                     ``study_time`` (estimated working time per notebook)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
