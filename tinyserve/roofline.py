@@ -11,8 +11,10 @@ grows linearly with ``B``. Where they cross is the batch at which decode stops b
 memory-bound. A measured step far above both bounds is overhead-bound: Python, kernel
 launches and small-tensor bookkeeping, which the bounds do not count.
 
-Both machine figures are *measured* here, not taken from a datasheet: a large copy for the
-bandwidth (it reads and writes each byte once) and a large matmul for the FLOP rate.
+Both machine figures are *measured* here, not taken from a datasheet: the bandwidth as the
+fastest of several ways to read a buffer far larger than the cache (:func:`read_bandwidth`: a
+reduction, a copy counted read + write, a matrix-vector product; :func:`memory_bandwidth` is
+the copy alone) and a large matmul for the FLOP rate.
 """
 from __future__ import annotations
 
