@@ -7,7 +7,9 @@ what the time budget cuts is the tail:
    resolves (a module moved since the notebook was written fails here, in a second, not
    minutes into a chapter); CI runs the same check (tests/test_gpu_check.py);
 2. the full-size figures, one step at a time with nothing beside them (they are timed):
-   the compiled decode path on the real model, then the full bench suites;
+   eager vs CUDA-graph decode (``python -m tinyserve.cuda_graph``: the shipped model and
+   the GPU preset, with MBU), the compiled decode path on the real model, then the full
+   bench suites;
 3. side by side: the gpu-marked tests and every chapter notebook (as a learner with a GPU
    would run it: on the default device);
 4. with what time is left, a quick version of every bench suite (does it run here?). Quick
@@ -119,6 +121,10 @@ def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
     import bench
     py = sys.executable
     steps = [Step("imports", [py, "-m", "bench.gpu_check", "--check-imports"], 60, alone=True)]
+    # Eager vs CUDA-graph decode for the shipped model and the GPU preset, with MBU.
+    steps.append(Step("graph-decode", [py, "-m", "tinyserve.cuda_graph", "--json",
+                                       str(tmp / "graph.json")], 120,
+                      json_out=tmp / "graph.json", alone=True))
     # The compiled path on the real model: eager and compiled tokens, step times, roofline.
     steps.append(Step("compiled-decode", [py, "-m", "tinyserve", "bench", "decode",
                                           "--json", str(tmp / "compiled.json")],
@@ -248,7 +254,7 @@ def run_step(step: Step, env: dict[str, str], timeout_s: float) -> dict[str, Any
             record["smoke" if step.smoke or data.get("quick") else "ratios"] = \
                 data.get("ratios", {})
             record["quick"] = data.get("quick")
-            if "measurements" in data and step.name == "compiled-decode":
+            if "measurements" in data and step.name in ("compiled-decode", "graph-decode"):
                 record["measurements"] = data["measurements"]
         except (OSError, ValueError) as err:
             record["report_error"] = str(err)[:200]

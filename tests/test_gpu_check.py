@@ -50,6 +50,7 @@ def test_the_plan_covers_tests_notebooks_every_suite_and_the_compiled_path(tmp_p
     steps = gpu_check.plan("cpu", tmp_path, 300)
     names = [s.name for s in steps]
     assert "compiled-decode" in names and "pytest-gpu" in names
+    assert names[:2] == ["imports", "graph-decode"]
     assert {f"bench-quick:{s}" for s in bench.SUITES} <= set(names)
     chapters = sorted(p.stem for p in (Path(gpu_check.REPO) / "course").glob("*.ipynb"))
     assert [n.split(":", 1)[1] for n in names if n.startswith("notebook:")] == chapters
