@@ -56,6 +56,14 @@ def test_the_static_buffer_step_gives_the_plain_steps_tokens(model, sampling) ->
     assert generate_batch(model, prompts, 20, sampling=sampling, use_cache=False) == plain
 
 
+def test_an_int8_model_takes_the_static_buffer_step_too(model) -> None:
+    from tinyserve.quant import quantize_model
+    int8 = quantize_model(model)
+    prompts = _prompts(4, 9)
+    assert generate_batch(int8, prompts, 12, graph=True) == \
+        generate_batch(int8, prompts, 12, graph=False)
+
+
 def test_stops_and_the_window_end_as_the_plain_loop(model) -> None:
     prompt = _prompts(5)[0]
     plain = generate(model, prompt, 20, graph=False)

@@ -159,15 +159,17 @@ class GraphDecoder:
         return self.model(self.tokens[:, None], None, self.cache)[:, -1]
 
     def _weights(self) -> tuple:
-        """The addresses a captured graph reads besides its buffers: every parameter, the
-        stacked weight copies :func:`~tinyserve.model.fused_linear` keeps (rebuilt when a
-        weight changes) and the rotary table. If any moved, the graph is captured again.
-        (A rebuilt copy at the old address is read correctly by the old graph.)"""
+        """The addresses a captured graph reads besides its buffers: every parameter and
+        module buffer (an int8 model's weights), the stacked weight copies
+        :func:`~tinyserve.model.fused_linear` keeps (rebuilt when a weight changes) and the
+        rotary table. If any moved, the graph is captured again. (A rebuilt copy at the
+        old address is read correctly by the old graph.)"""
         kept = [m.__dict__.get("_fused_weight") for m in self.model.modules()]
         stacked = tuple(k[1].data_ptr() if k is not None else 0 for k in kept)
         rope = self.model.__dict__.get("_rope_table")
         tables = (rope[1].data_ptr(), rope[2].data_ptr()) if rope is not None else ()
-        return tuple(p.data_ptr() for p in self.model.parameters()) + stacked + tables
+        held = [*self.model.parameters(), *self.model.buffers()]   # int8 weights: buffers
+        return tuple(t.data_ptr() for t in held) + stacked + tables
 
     def _park(self) -> None:
         """Every row at the window's last slot: what a padding row (and the warm-up and
