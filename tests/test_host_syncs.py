@@ -1,5 +1,6 @@
-"""No host read inside a step: a cached forward pass reads nothing back from the device, and an
-engine step reads once (its sampled tokens). Counted on the CPU with :mod:`host_reads`: the
+"""No host read inside a step: a cached forward pass reads nothing back from the device, an
+engine step reads once (its sampled tokens), and so does a step of generate_stream and
+generate_batch; a speculative step reads its drafts and its verdicts (stated maxima below). Counted on the CPU with :mod:`host_reads`: the
 code path is the one a GPU runs, so the counts hold there too. Each fast path is also held
 equal to its plain reference (explicit positions, per-row CPU sampling)."""
 from __future__ import annotations
