@@ -204,7 +204,7 @@ def test_on_cuda_buckets_share_one_pool_and_each_keeps_its_logits(gpu_model) -> 
         assert one.graph is not None and four.graph is not None
         s1 = one.step(l1.argmax(-1), [6])
         s4 = four.step(l4.argmax(-1), [6] * 4)
-        torch.testing.assert_close(s4[0], s1[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(s4[0], s1[0], rtol=1e-3, atol=1e-3)
         again = one.step(s1.argmax(-1), [7])
         assert not torch.equal(again, s1) and torch.isfinite(s4).all()
     finally:
