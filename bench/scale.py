@@ -516,15 +516,20 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
                 f"({', '.join(f'{w} {r:.1f}' for w, r in ways.items())} GB/s); the references "
                 f"were too slow (a busy spell during them), not the step faster than memory")
         else:
+            others = ", ".join(f"{w} {r:.1f}" for w, r in ways.items())
+            slower = [w for w, r in ways.items() if r < rate]
             notes["scale_decode_mbu_b1"] = (
-                f"the batch-1 step ({one['fastest_path']}, {one['fastest_ms']:.1f} ms) reads "
-                f"{one['bytes'] / 1e6:.0f} MB at {rate:.1f} GB/s against the best way's "
-                f"{bw:.1f} ({m['bandwidth_way']}); a plain matrix-vector product over a buffer "
-                f"this size reads at {ways.get('matvec', float('nan')):.1f} GB/s, "
-                f"{ways.get('matvec', float('nan')) / bw:.2f} of the best: a step made of "
-                f"GEMVs reaches the GEMV's rate, and the gap to the best way is the kernel's "
-                f"streaming, not Python (eager {one['eager_ms']:.1f} ms, compiled "
-                f"{one['compiled_ms']:.1f} ms)")
+                f"the batch-1 step ({one['fastest_path']}, {one['fastest_ms']:.1f} ms; eager "
+                f"{one['eager_ms']:.1f}, compiled {one['compiled_ms']:.1f}) reads "
+                f"{one['bytes'] / 1e6:.0f} MB at {rate:.1f} GB/s against the ways of reading "
+                f"a buffer this size ({others} GB/s): "
+                + (f"faster than {' and '.join(slower)}, " if slower else "")
+                + f"below the best ({m['bandwidth_way']}); at the best way's rate its bytes "
+                f"would take {one['memory_bound_ms']:.1f} ms, so "
+                f"{one['fastest_ms'] - one['memory_bound_ms']:.1f} ms of the step is not "
+                f"reading at that rate: the step's other work (attention, norms, activations "
+                f"on the same thread) and its matmul kernels reading below a bare "
+                f"reduction's rate (this run does not split the two; a profile would)")
     if "scale_step_rows4_vs_rows1" in missed:
         four = sweep[4]
         roof4 = max(four["memory_bound_ms"], four["compute_bound_ms"])
@@ -589,7 +594,8 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"two ranks ran {t['tp']['speedup']:.2f}x one process while two processes read "
             f"{t['bandwidth']['speedup']:.2f}x what one reads alone; "
             f"{t['tp']['allreduce_share']:.0%} of a split step was inside all-reduces "
-            f"(waiting included): the split pays the bus's gain less the communication")
+            f"(waiting included): splitting the bytes can gain at most what the bus adds "
+            f"for a second process, and the all-reduces come out of that")
     return {k: v for k, v in notes.items() if v}
 
 
