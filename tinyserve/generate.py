@@ -140,6 +140,21 @@ def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor | None,
                   cache)[:, -1]
 
 
+def _admit(model: TinyLlama, tokens: int, use_cache: bool, compile: bool, graph: bool) -> tuple:
+    """Admission of one request: its KV memory reserved (prompt + output slots) on the decode
+    path asked for: (compiled decoder, graph decoder, cache), the unused ones None."""
+    decoder = graphed = None
+    if compile:
+        from .compiled import compiled_decoder
+        decoder = compiled_decoder(model, 1, tokens=tokens)
+    elif graph:
+        from .cuda_graph import graph_decoder
+        graphed = graph_decoder(model, 1, tokens=tokens)
+    cache = (decoder.cache if decoder is not None else None if graphed is not None else
+             KVCache.for_model(model, 1, tokens) if use_cache else None)
+    return decoder, graphed, cache
+
+
 @torch.no_grad()
 def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
                     sampling: SamplingParams = SamplingParams(),
@@ -173,16 +188,7 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     window = model.config.max_position_embeddings
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
-    # Admission: the request is valid and its KV memory is reserved (prompt + output slots).
-    decoder = graphed = None
-    if compile:
-        from .compiled import compiled_decoder
-        decoder = compiled_decoder(model, 1, tokens=len(prompt_ids) + steps)
-    elif graph:
-        from .cuda_graph import graph_decoder
-        graphed = graph_decoder(model, 1, tokens=len(prompt_ids) + steps)
-    cache = (decoder.cache if decoder is not None else None if graphed is not None else
-             KVCache.for_model(model, 1, len(prompt_ids) + steps) if use_cache else None)
+    decoder, graphed, cache = _admit(model, len(prompt_ids) + steps, use_cache, compile, graph)
     generator = sampling.generator(device)
     ids = torch.tensor([prompt_ids], device=device)
     trace.admitted = clock(device)
