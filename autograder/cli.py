@@ -11,6 +11,7 @@
     check NOTEBOOK                learner self-check against the visible tests
     bench --json PATH             parallel vs serial grading speed-up
     mutants ASSIGNMENT            mutation score: the share of solution mutants that lose marks
+    mutants ASSIGNMENT --semantic the learner-mistake corpus: graded and Validate scores, pieces
 """
 from __future__ import annotations
 
