@@ -238,3 +238,24 @@ def test_ledger_command_prints_the_table_and_suites_refuse_verb_options(
     assert capsys.readouterr().out.startswith("| suite | ratio | value | goal | met |")
     assert main(["bench", "paged", "--write"]) == 2
     assert "belong to: all, ledger, compare" in capsys.readouterr().err
+
+
+def test_a_report_written_by_an_earlier_suite_does_not_make_the_tree_dirty(tmp_path) -> None:
+    """make bench writes bench/results/ one suite after another: the later suites still run
+    HEAD's code, so they are recorded clean; any other tracked change marks a run dirty."""
+    import subprocess
+    from tinyserve.provenance import git_commit
+    run = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True,  # noqa: E731
+                                    capture_output=True)
+    run("init", "-q")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "kv.json").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    run("add", ".")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    head = git_commit(tmp_path)
+    assert head and not head.endswith("-dirty")
+    (tmp_path / "bench" / "results" / "kv.json").write_text('{"ratios": {}}\n')
+    assert git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == head + "-dirty"

@@ -34,13 +34,17 @@ def machine_info() -> dict[str, Any]:
 
 def git_commit(cwd: Path | None = CHECKOUT) -> str | None:
     """HEAD of the repository, with ``-dirty`` when tracked files differ from it; None outside
-    a git checkout (an installed package has none: never report an enclosing repository's)."""
+    a git checkout (an installed package has none: never report an enclosing repository's).
+
+    Reports under bench/results/ do not count: ``make bench`` writes them one suite after
+    another, and the code every later suite runs is still exactly HEAD's."""
     if cwd is None:
         return None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                ".", ":(exclude)bench/results"],
                                cwd=cwd, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
