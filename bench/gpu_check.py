@@ -125,6 +125,11 @@ def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
     steps.append(Step("graph-decode", [py, "-m", "tinyserve.cuda_graph", "--json",
                                        str(tmp / "graph.json")], 120,
                       json_out=tmp / "graph.json", alone=True))
+    # The memory wall at the GPU preset (~1.4B parameters, bf16): MBU, rows, verify, spec
+    # (issue 30); CUDA-graph compiles per bucket, so it gets the longest cap.
+    steps.append(Step("bench:scale", [py, "-m", "tinyserve", "bench", "scale", "--json",
+                                      str(tmp / "full-scale.json")], 240,
+                      tmp / "full-scale.json", alone=True))
     # The compiled path on the real model: eager and compiled tokens, step times, roofline.
     steps.append(Step("compiled-decode", [py, "-m", "tinyserve", "bench", "decode",
                                           "--json", str(tmp / "compiled.json")],
