@@ -175,7 +175,7 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("ngram_speedup_k4", goal=Goal("at_least", 2.0)))),               # issue 31
     SuiteHeadlines("serve", ("bench/serve.py", "tinyserve/serving", "tinyserve/loadgen",
                              *_ENGINE, *_COST_MODEL), (
-        Headline("goodput_knee_vs_overload", fmt="{:.0f}x"),
+        Headline("goodput_knee_vs_overload", fmt="{:.2f}x"),
         Headline("sim_shape_routing_p99_ttft_improvement", band=EXACT_BAND))),
     SuiteHeadlines("peers", ("bench/peers.py", "tinyserve/serving", "tinyserve/loadgen", *_ENGINE), (
         Headline("server_vs_transformers_output_throughput_prefix_on_c4"),
