@@ -28,9 +28,19 @@ def test_cpu_preset_spans_eight_last_level_caches_and_stays_under_the_cap() -> N
             assert fewer < 8 * llc
 
 
-def test_cache_size_is_read_from_the_os_or_a_stated_fallback() -> None:
-    size, source = scale.last_level_cache_bytes()
-    assert size > 0 and source in ("sysfs", "sysconf", "fallback")
+def test_cache_size_is_read_from_the_os_or_a_stated_fallback(tmp_path, monkeypatch) -> None:
+    for name, kind, size in (("index0", "Data", "48K"), ("index1", "Instruction", "64M"),
+                             ("index2", "Unified", "2048K"), ("index3", "Unified", "32768K")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "type").write_text(kind + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    # the largest data or unified cache; an instruction cache never counts
+    assert scale.last_level_cache_bytes(tmp_path) == (32 * 2**20, "sysfs")
+    empty = tmp_path / "none"
+    monkeypatch.setattr(scale.os, "sysconf", lambda name: 24 * 2**20)
+    assert scale.last_level_cache_bytes(empty) == (24 * 2**20, "sysconf")
+    monkeypatch.setattr(scale.os, "sysconf", lambda name: 0)
+    assert scale.last_level_cache_bytes(empty) == (scale.FALLBACK_LLC_BYTES, "fallback")
     assert scale._parse_size("32768K") == 32 * 2**20
     assert scale._parse_size("2M") == 2 * 2**20
 

@@ -60,11 +60,14 @@ _GPU_DRAFT = ModelConfig(vocab_size=4096, hidden_size=1024, intermediate_size=28
                          max_position_embeddings=2048)
 
 
-def last_level_cache_bytes() -> tuple[int, str]:
-    """The CPU's largest cache in bytes and where the figure came from ("sysfs", "sysconf"
-    or "fallback")."""
+SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+def last_level_cache_bytes(sysfs: Path = SYSFS_CACHE) -> tuple[int, str]:
+    """The CPU's largest data cache in bytes and where the figure came from ("sysfs",
+    "sysconf" or "fallback")."""
     best = 0
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+    for index in sysfs.glob("index*"):
         try:
             if (index / "type").read_text().strip() == "Instruction":
                 continue
