@@ -113,6 +113,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import os
+    from datetime import datetime, timezone
+
     import torch
 
     from .checkpoint import load_model
@@ -127,7 +130,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
           f"{fit['median_abs_rel_error']:.1%} over {fit['steps']} steps")
     if args.write:
         meta = {"model": args.model, "threads": torch.get_num_threads(),
-                "machine": machine_info(), "git_commit": git_commit()}
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "load": os.getloadavg()[0], "machine": machine_info(),
+                "git_commit": git_commit()}
         save_cost_model(cost, fit, meta, args.write)
         print(f"wrote {args.write}")
     return 0
@@ -244,7 +249,8 @@ def add_serve_parser(sub: SubParsers) -> None:
 def add_calibrate_parser(sub: SubParsers) -> None:
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
     add_model_argument(k)
-    k.add_argument("--repeats", type=int, default=20, help="timings per batch shape (fastest kept)")
+    k.add_argument("--repeats", type=int, default=60,
+                   help="timings per batch shape, round the grid (fastest kept; 60: ~20 s)")
     k.add_argument("--write", metavar="PATH",
                    help="save the fit (the shipped one: tinyserve/assets/cost_model.json)")
     k.set_defaults(func=_cmd_calibrate)
