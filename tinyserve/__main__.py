@@ -123,6 +123,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .simulator import calibrate, measure_steps, save_cost_model
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    # The chapters and the bench run the engine on one thread: fit the engine they run.
+    torch.set_num_threads(args.threads)
     model = load_model(args.model)
     records = measure_steps(model, repeats=args.repeats)
     cost, fit = calibrate(records)
@@ -251,6 +255,8 @@ def add_calibrate_parser(sub: SubParsers) -> None:
     add_model_argument(k)
     k.add_argument("--repeats", type=int, default=60,
                    help="timings per batch shape, round the grid (fastest kept; 60: ~20 s)")
+    k.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1, as the chapters and the bench run)")
     k.add_argument("--write", metavar="PATH",
                    help="save the fit (the shipped one: tinyserve/assets/cost_model.json)")
     k.set_defaults(func=_cmd_calibrate)
