@@ -3,14 +3,15 @@ the chapters rely on (chunked prefill bounds ITL, size-aware queues protect shor
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tinyserve.engine import EngineConfig, StepRecord
 from tinyserve.metrics import SLO, RequestTrace, summarize, throughput
-from tinyserve.simulator import (COST_MODEL_PATH, CostModel, calibrate, completed_traces, serve,
-                                 simulated_engine)
+from tinyserve.simulator import (COST_MODEL_PATH, CostModel, calibrate, completed_traces,
+                                 describe_cost_model, serve, simulated_engine)
 from tinyserve.workload import (Fixed, LogNormal, Mixture, Uniform, arrival_times, describe,
                                 make_workload, prompt_ids)
 
@@ -93,6 +94,19 @@ def test_shipped_cost_model_is_a_measured_fit() -> None:
     # mixed steps) within 20%.
     assert data["fit"]["max_abs_rel_error"] <= 0.2
     assert data["git_commit"]
+
+
+def test_describe_cost_model_names_date_machine_commit_and_fit(tmp_path: Path) -> None:
+    line = describe_cost_model()
+    data = json.loads(COST_MODEL_PATH.read_text())
+    assert line.startswith(f"fitted {data['date'][:10]} on ")
+    assert f"commit {data['git_commit'][:7]}" in line and f"over {data['fit']['steps']} shapes" in line
+    assert f"R^2 {data['fit']['r2']:.3f}" in line and f"load {data['load']:.2f}" in line
+    # An older fit without provenance says so instead of failing.
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps({"constants": data["constants"]}))
+    assert describe_cost_model(bare) == ("fitted unrecorded on an unrecorded machine, commit unrecorded, "
+                                         "fit quality unrecorded")
 
 
 def test_poisson_and_bursty_arrivals() -> None:
