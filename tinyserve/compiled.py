@@ -92,7 +92,16 @@ class StaticKVCache:
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
         self.slots = torch.arange(self.max_seq, device=device)
         self.row_starts = torch.arange(batch_size, device=device) * self.max_seq
-        # Fixed addresses: a CUDA graph replays reads and writes of these very buffers.
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+    def mark_static(self) -> None:
+        """Tell ``torch.compile`` the buffers keep their addresses: the CUDA graph that
+        mode ``"reduce-overhead"`` records then reads and writes these very tensors instead
+        of copying them in at every replay. (The hand-captured graphs of
+        :mod:`tinyserve.cuda_graph` need no marker: they replay whatever addresses they saw.)"""
         for t in (*self.k, *self.v, self.slots, self.row_starts):
             torch._dynamo.mark_static_address(t)
 
@@ -126,6 +135,7 @@ class CompiledDecoder:
         self.model = model
         self.cache = StaticKVCache(model.config, batch_size, device=model.device,
                                    dtype=model.dtype, max_seq=window)
+        self.cache.mark_static()
         self.backend = backend
         self.mode = None if backend != "inductor" else \
             mode or ("reduce-overhead" if model.device.type == "cuda" else "default")

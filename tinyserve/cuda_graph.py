@@ -83,22 +83,10 @@ class GraphKVCache(StaticKVCache):
 
     def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
                  dtype: torch.dtype, max_seq: int | None = None) -> None:
-        # StaticKVCache's state without its torch.compile markers (no dynamo import here).
-        self.config, self.batch_size = config, batch_size
-        self.max_seq = max_seq or config.max_position_embeddings
-        shape = (batch_size, self.max_seq, config.num_key_value_heads, config.head_dim)
-        layers = range(config.num_hidden_layers)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
-        self.slots = torch.arange(self.max_seq, device=device)
-        self.row_starts = torch.arange(batch_size, device=device) * self.max_seq
+        # StaticKVCache's buffers, unmarked: torch.compile's markers stay in compiled.py.
+        super().__init__(config, batch_size, device=device, dtype=dtype, max_seq=max_seq)
         self.positions = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         self.prefilling = False   # set for one pass: the prompts, at 0..T-1
-
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in (*self.k, *self.v))
 
     def step_positions(self, batch: int, tokens: int) -> Tensor:
         """The static buffer for a decode step; 0..T-1 for the prefill that
