@@ -20,12 +20,17 @@ speculative time (> 1: speculation is faster); ``spec_acceptance_k4`` and
 ``ngram_acceptance_k4``: acceptance rates (not speed ratios);
 ``{spec,ngram}_measured_vs_predicted_k4``: the measured k=4 speed-up over the formula's
 (1: the code delivers all the formula promises; printed with one pass as run next to the
-formula's k draft passes + one verify pass). ``--quick`` runs the same code
+formula's k draft passes + one verify pass). A table then splits one k=4 pass as run into
+its parts (the prefills spread over the passes, the draft passes, the verify pass with the
+acceptance test and rewinds), each next to what the formula prices it at, and repeats the
+comparison with the prefills left out of both loops (reported, never a headline: the
+speed-up stays end to end). ``--quick`` runs the same code
 on tiny random models, to check the report's shape in seconds; its figures mean nothing.
 """
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +41,12 @@ from tinyserve.device import default_device
 from tinyserve.generate import extend, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
+from tinyserve.sampling import SamplingParams
 from tinyserve.speculative import (Drafter, ModelDrafter, NGramDrafter, expected_tokens_per_pass,
                                    predicted_speedup, speculative_generate)
 
-from .common import in_turns, interleaved_seconds, median_seconds, report, table, write_json
+from .common import (in_turns, interleaved_seconds, median_seconds, report, sync, table,
+                     write_json)
 
 KS = (2, 4, 6)
 COST_CONTEXT = 100  # cached tokens before each pass the cost model times
@@ -108,8 +115,9 @@ def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
                repeats: int) -> dict[int, float]:
     """Milliseconds of one cached pass feeding ``width`` tokens per row after ``context``
     cached tokens, for each width (1 = a decode step, k + 1 = a verify pass). Timed on
-    :func:`~tinyserve.generate.extend`, the step both loops run, so the formula and the
-    runs price the same code."""
+    :func:`~tinyserve.generate.extend` with positions from the cache (width 1 is then
+    :func:`~tinyserve.generate.decode_step`'s pass), the step both loops run, so the formula
+    and the runs price the same code."""
     device = model.device
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.config.vocab_size, (batch, context + max(widths)), generator=g)
@@ -118,8 +126,9 @@ def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
     prefill(model, ids[:, :context], cache)
 
     def once(w: int) -> float:
-        pos = torch.arange(context, context + w, device=device).expand(batch, w)
-        seconds = median_seconds(lambda: extend(model, ids[:, context:context + w], pos, cache),
+        # positions=None, as both loops call it: positions from the cache's host lengths (an
+        # explicit tensor would add its read-back and range check, which the runs never pay).
+        seconds = median_seconds(lambda: extend(model, ids[:, context:context + w], None, cache),
                                  device, repeats=1, warmup=0)
         cache.rewind([context] * batch)  # forget the pass, so each run measures the same one
         return seconds
@@ -128,6 +137,86 @@ def pass_costs(model: TinyLlama, batch: int, widths: list[int], context: int,
     # shared machine a run is either clean or pre-empted, and the minimum is the clean cost.
     runs = in_turns({str(w): functools.partial(once, w) for w in widths}, repeats)
     return {w: 1e3 * min(runs[str(w)]) for w in widths}
+
+
+class TimedDrafter:
+    """A drafter whose calls are timed (seconds summed per method, the device synchronised
+    around each): what one speculative pass spends drafting, as run."""
+
+    def __init__(self, inner: Drafter, device: torch.device) -> None:
+        self.inner, self.device = inner, device
+        self.seconds = dict.fromkeys(("start", "propose", "commit"), 0.0)
+
+    def _timed(self, name: str, *args: Any) -> Any:
+        sync(self.device)
+        start = time.perf_counter()
+        out = getattr(self.inner, name)(*args)
+        sync(self.device)
+        self.seconds[name] += time.perf_counter() - start
+        return out
+
+    def start(self, prompt_ids: list[int], max_total: int) -> None:
+        self._timed("start", prompt_ids, max_total)
+
+    def propose(self, context: list[int], k: int, sampling: SamplingParams,
+                generator: torch.Generator | None) -> tuple[list[int], torch.Tensor | None]:
+        return self._timed("propose", context, k, sampling, generator)
+
+    def commit(self, n_committed: int) -> None:
+        self._timed("commit", n_committed)
+
+
+def pass_parts(env: dict[str, Any], drafter: Drafter, k: int, rounds: int) -> dict[str, float]:
+    """One speculative pass as run, in parts (seconds summed over the prompts): per prompt
+    the fastest of ``rounds`` runs (plain decoding taking turns with it), its drafter's
+    calls timed inside it, the target's prefill (the same call on a fresh cache) timed
+    apart. The verify pass is what the run took besides: the target's pass over the last
+    token and the drafts, the acceptance test and the rewinds."""
+    target, device = env["target"], env["target"].device
+    out = dict.fromkeys(("total", "target_prefill", "draft_prefill", "draft", "passes",
+                         "plain_total", "plain_prefill", "plain_tokens"), 0.0)
+    for p in env["prompts"]:
+        def spec_once(p: list[int] = p) -> tuple[float, dict[str, float], int, float]:
+            timed = TimedDrafter(drafter, device)
+            sync(device)
+            start = time.perf_counter()
+            _, stats = speculative_generate(target, timed, p, env["max_tokens"], k=k,
+                                            stop_ids=env["stop_ids"])
+            sync(device)
+            total = time.perf_counter() - start
+            return total, timed.seconds, stats.target_passes, _prefill_seconds(target, p)
+
+        def plain_once(p: list[int] = p) -> tuple[float, float, int]:
+            sync(device)
+            start = time.perf_counter()
+            trace = generate(target, p, env["max_tokens"], stop_ids=env["stop_ids"])
+            return (time.perf_counter() - start, trace.prefill_end - trace.prefill_start,
+                    len(trace.tokens))
+        runs = in_turns({"spec": spec_once, "plain": plain_once}, rounds)
+        total, drafted, passes, _ = min(runs["spec"], key=lambda r: r[0])
+        plain_total, plain_prefill, tokens = min(runs["plain"], key=lambda r: r[0])
+        out["total"] += total
+        out["target_prefill"] += min(r[3] for r in runs["spec"])
+        out["draft_prefill"] += drafted["start"]
+        out["draft"] += drafted["propose"]
+        out["passes"] += passes
+        out["plain_total"] += plain_total
+        out["plain_prefill"] += plain_prefill
+        out["plain_tokens"] += tokens
+    return out
+
+
+def _prefill_seconds(target: TinyLlama, prompt: list[int]) -> float:
+    """The speculative decoder's target prefill, alone: a fresh cache, the prompt scored at
+    its last position."""
+    device = target.device
+    sync(device)
+    start = time.perf_counter()
+    cache = KVCache.for_model(target, 1, len(prompt) + 1)
+    ids = torch.tensor([prompt], device=device)
+    prefill(target, ids, cache, logits_at=torch.tensor([len(prompt) - 1], device=device))
+    sync(device)
+    return time.perf_counter() - start
 
 
 def paired_seconds(env: dict[str, Any], spec_one: Callable[[list[int]], None], repeats: int,
@@ -188,7 +277,8 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
                  "plain s", "speed-up"], rows), flush=True)
 
     sweep = cost_model(env, results, quick)
-    per_pass = formula_check(results, sweep[0])
+    parts = {name: pass_parts(env, drafter, 4, repeats) for name, drafter in drafters.items()}
+    per_pass = formula_check(results, sweep[0], parts)
     ratios = {f"{name}_speedup_k{k}": results[f"{name}_k{k}"]["speedup"]
               for name in drafters for k in KS}
     ratios.update({f"{name}_acceptance_k4": results[f"{name}_k4"]["acceptance"]
@@ -243,27 +333,56 @@ def cost_model(env: dict[str, Any], results: dict[str, dict[str, float]],
     return sweep
 
 
-def formula_check(results: dict[str, dict[str, float]],
-                  batch1: dict[str, Any]) -> dict[str, dict[str, float]]:
+def formula_check(results: dict[str, dict[str, float]], batch1: dict[str, Any],
+                  parts: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """The k=4 runs against the formula at batch 1: the speed-up measured over the one
-    predicted, and one speculative pass as run (seconds / target passes, prefills included)
-    next to the formula's k draft passes + one verify pass, each model timed alone."""
+    predicted, and one speculative pass as run (seconds / target passes, prefills included,
+    then without them) next to the formula's k draft passes + one verify pass, each model
+    timed alone; ``parts`` (:func:`pass_parts`) says where a pass as run spends its time."""
     out = {}
     for name in ("spec", "ngram"):
-        r = results[f"{name}_k4"]
+        r, q = results[f"{name}_k4"], parts[name]
         predicted = batch1[f"{name}_predicted_speedup_k4"]
-        formula_ms = batch1["verify_ms"][4] + (4 * batch1["draft_ms"] if name == "spec" else 0.0)
-        out[name] = {"predicted_speedup": predicted, "measured_speedup": r["speedup"],
-                     "measured_vs_predicted": r["speedup"] / predicted,
-                     "pass_ms": 1e3 * r["seconds"] / r["target_passes"], "formula_pass_ms": formula_ms,
-                     "plain_token_ms": 1e3 * r["plain_seconds"] / r["tokens"],
-                     "decode_ms": batch1["decode_ms"]}
-        o = out[name]
-        print(f"{name} k=4 at batch 1: E[tokens/pass] = "
+        draft_ms = 4 * batch1["draft_ms"] if name == "spec" else 0.0
+        formula_ms = batch1["verify_ms"][4] + draft_ms
+        n, ms = q["passes"], lambda seconds: 1e3 * seconds / q["passes"]
+        spec_decode = q["total"] - q["target_prefill"] - q["draft_prefill"]
+        plain_decode = q["plain_total"] - q["plain_prefill"]
+        o = out[name] = {
+            "predicted_speedup": predicted, "measured_speedup": r["speedup"],
+            "measured_vs_predicted": r["speedup"] / predicted,
+            "pass_ms": 1e3 * r["seconds"] / r["target_passes"], "formula_pass_ms": formula_ms,
+            "plain_token_ms": 1e3 * r["plain_seconds"] / r["tokens"],
+            "decode_ms": batch1["decode_ms"],
+            # the parts run (fastest of N per prompt, drafter timed inside the run)
+            "parts_passes": n, "parts_pass_ms": ms(q["total"]),
+            "parts_target_prefill_ms": ms(q["target_prefill"]),
+            "parts_draft_prefill_ms": ms(q["draft_prefill"]),
+            "parts_draft_ms": ms(q["draft"]), "formula_draft_ms": draft_ms,
+            "parts_verify_and_rest_ms": ms(q["total"] - q["target_prefill"] - q["draft_prefill"]
+                                           - q["draft"]),
+            "formula_verify_ms": batch1["verify_ms"][4],
+            "parts_pass_prefill_out_ms": ms(spec_decode),
+            "plain_decode_token_ms_prefill_out": 1e3 * plain_decode / (q["plain_tokens"] - 1),
+            "measured_speedup_prefill_out": plain_decode / spec_decode}
+        o["measured_vs_predicted_prefill_out"] = o["measured_speedup_prefill_out"] / predicted
+        print(f"\n{name} k=4 at batch 1: E[tokens/pass] = "
               f"{expected_tokens_per_pass(r['acceptance_prob'], 4):.2f} at a = "
               f"{r['acceptance_prob']:.2f} (measured {1 / r['passes_per_token']:.2f}); speed-up "
               f"predicted {predicted:.2f}, measured {r['speedup']:.2f} "
               f"({o['measured_vs_predicted']:.2f} of it); a pass {o['pass_ms']:.2f} ms as run, "
               f"{formula_ms:.2f} ms in the formula; plain {o['plain_token_ms']:.2f} ms per token "
               f"as run, decode {o['decode_ms']:.2f} ms in the formula")
+        print(table(["part of one pass", "ms as run", "ms in formula"], [
+            ["target prefill / passes", o["parts_target_prefill_ms"], 0.0],
+            ["draft prefill / passes", o["parts_draft_prefill_ms"], 0.0],
+            ["draft passes (catch-up + k-1 steps)", o["parts_draft_ms"], draft_ms],
+            ["verify pass, acceptance, rewinds", o["parts_verify_and_rest_ms"], formula_ms - draft_ms],
+            ["pass, prefills out", o["parts_pass_prefill_out_ms"], formula_ms],
+            ["pass", o["parts_pass_ms"], formula_ms],
+            ["plain decode per token, prefill out", o["plain_decode_token_ms_prefill_out"],
+             batch1["decode_ms"]]]))
+        print(f"prefills out: speed-up {o['measured_speedup_prefill_out']:.2f}, "
+              f"{o['measured_vs_predicted_prefill_out']:.2f} of the prediction "
+              f"(the headline ratios above stay end to end, prefills in)")
     return out
