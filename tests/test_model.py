@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from tinyserve.config import PRESETS, ModelConfig
-from tinyserve.model import TinyLlama, apply_rope, causal_mask, rope_cos_sin
+import torch.nn.functional as F
+
+import tinyserve.model as model_module
+from tinyserve.model import (RMSNorm, TinyLlama, apply_rope, apply_rope_qk, causal_mask,
+                             rope_cos_sin)
 
 SMALL = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -92,6 +96,66 @@ def test_rope_rotation_preserves_norm_and_relative_dot_product() -> None:
     d1 = (rotated(q, 9) * rotated(k, 4)).sum()
     d2 = (rotated(q, 25) * rotated(k, 20)).sum()
     torch.testing.assert_close(d1, d2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B, T", [(1, 1), (3, 5)])
+def test_one_rotary_pass_for_q_and_k_equals_two_calls(dtype, B, T) -> None:
+    # q and k as Attention makes them: transposed views of one projection's output.
+    g = torch.Generator().manual_seed(5)
+    H, KV, d = 4, 2, 8
+    qk = torch.randn(B, T, (H + KV) * d, generator=g).to(dtype)
+    q = qk[..., :H * d].view(B, T, H, d).transpose(1, 2)
+    k = qk[..., H * d:].view(B, T, KV, d).transpose(1, 2)
+    cos, sin = rope_cos_sin(torch.arange(T).expand(B, T) + 3, d, 10000.0, dtype)
+    q1, k1 = apply_rope_qk(q, k, cos, sin)
+    assert torch.equal(q1, apply_rope(q, cos, sin)) and torch.equal(k1, apply_rope(k, cos, sin))
+    assert q1.shape == (B, H, T, d) and k1.shape == (B, KV, T, d)
+
+
+def test_the_model_with_one_rotary_pass_gives_the_two_call_logits(model, monkeypatch) -> None:
+    ids = torch.randint(0, SMALL.vocab_size, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        one = model(ids, torch.arange(9) + 2)
+        monkeypatch.setattr(model_module, "apply_rope_qk", lambda q, k, cos, sin: (
+            apply_rope(q, cos, sin), apply_rope(k, cos, sin)))
+        assert torch.equal(model(ids, torch.arange(9) + 2), one)
+
+
+def test_rms_norm_on_the_cpu_casts_around_an_fp32_norm() -> None:
+    # The CPU path stays the plain one in bf16: normalise in fp32, round, then the gain.
+    norm = RMSNorm(16, 1e-5).to(torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 16))
+    x = (torch.randn(3, 16, generator=torch.Generator().manual_seed(7)) * 1e-3).bfloat16()
+    want = norm.weight * F.rms_norm(x.float(), (16,), eps=1e-5).to(torch.bfloat16)
+    assert torch.equal(norm(x), want)
+
+
+@pytest.mark.gpu
+def test_rms_norm_on_cuda_is_one_fused_call_within_a_bf16_step() -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    norm = RMSNorm(256, 1e-5).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 2.0, 256))
+    x = (torch.randn(4, 256, device="cuda") * 1e-3).bfloat16()   # tiny: bf16 squares underflow
+    with torch.no_grad(), Ops() as ops:
+        out = norm(x)
+    # One operator call, no casts around it (a mode sees rms_norm or the op it sends to).
+    assert ops.names in (["aten.rms_norm"], ["aten._fused_rms_norm"]), ops.names
+    want = F.rms_norm(x.float(), (256,), norm.weight.float(), 1e-5)   # fp32 throughout
+    # rounded once to bf16: within half a bf16 step (2^-9 relative), plus slack for the order
+    torch.testing.assert_close(out.float(), want, rtol=2 ** -8, atol=0)
 
 
 def test_causal_mask_hides_future_and_empty_slots() -> None:
