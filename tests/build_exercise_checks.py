@@ -1,6 +1,8 @@
 """What the build track's exercise tests add to exercise_checks: named mistakes where some
 wrong answers must be *passed* by a later part's test cell (a later part is judged on its own,
-not on the learner's earlier parts), in the same single run as the mistakes that must fail."""
+not on the learner's earlier parts), in the same single run as the mistakes that must fail;
+and every piece broken in turn (raising, NaN, the wrong shape, dtype, type or length), each
+graded as a whole submission, so one slip costs one piece (issue 26)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +11,7 @@ from typing import Sequence
 import pytest
 
 import exercise_checks
-from exercise_checks import ROOT, check_points_and_answers, is_test, meta
+from exercise_checks import ROOT, check_points_and_answers, errors, is_test, meta
 
 _PASSED = "<the test cell passed>"
 
@@ -69,3 +71,93 @@ def check_build_source(source, source_dir: Path, test_points: dict[str, int],
     assert f"({total} points)" in source.cells[0].source and sum(tests.values()) == total
     text = "\n".join(c.source for c in source.cells)
     assert "tinyserve.default_device()" in text and ".cuda()" not in text
+
+
+# ------------------------------------------------------------------ one slip costs one piece
+
+NAN = "torch.full_like(out, float('nan'))"
+
+
+def raises(piece: str) -> str:
+    """A learner's ``piece`` that raises (unfinished, or a shape error inside it)."""
+    return f"def {piece}(*args, **kwargs):\n    raise RuntimeError('{piece} is not finished')"
+
+
+def returns(piece: str, result: str) -> str:
+    """A learner's ``piece`` that does the solution's work, side effects included, and returns
+    ``result``, an expression of ``out`` (the solution's result): NaN, the wrong shape, dtype,
+    type or length. Only what it returns is wrong."""
+    return (f"_solution_{piece} = {piece}\n"
+            f"def {piece}(*args, **kwargs):\n"
+            f"    out = _solution_{piece}(*args, **kwargs)\n"
+            f"    return {result}")
+
+
+def slips_of(pieces: Sequence[tuple[str, set[str], dict[str, str]]]) -> list[tuple]:
+    """The slips of ``pieces``, (piece, the test cells it must fail, {how: what it returns}):
+    each piece raising, then returning each wrong result, as check_one_slip_costs_one_piece
+    takes them."""
+    return [(piece, how, code, failing) for piece, failing, results in pieces
+            for how, code in (("raises", raises(piece)),
+                              *((how, returns(piece, result)) for how, result in results.items()))]
+
+
+def _answer_index(source, answer_cells: set[str], piece: str) -> int:
+    """Index in ``source`` of the answer cell that defines ``piece``."""
+    for i, cell in enumerate(source.cells):
+        if meta(cell).get("grade_id") in answer_cells and (
+                f"def {piece}(" in cell.source or f"class {piece}" in cell.source):
+            return i
+    raise ValueError(f"no answer cell defines {piece}")
+
+
+def check_one_slip_costs_one_piece(source, source_dir: Path, test_points: dict[str, int],
+                                   answer_cells: set[str], slips: Sequence[tuple],
+                                   mode: str = "graded") -> dict[tuple[str, str], int]:
+    """Grade each slip, (piece, how it is broken, wrong code, the test cells it must fail), as
+    a submission: the solution's answers with the wrong code after them, then every test cell
+    below the piece's answer cell (the ones above it ran before the piece existed). Only the
+    piece's own test cells may fail: every later one keeps its points (judged on the reference
+    in place of the broken piece where it calls it). Returns {(piece, how): points lost}.
+
+    One kernel for all: the solution's graded non-test cells run once, then per slip every
+    answer cell again (so each slip is the only thing wrong), the wrong code and the test
+    cells, renamed ``{grade_id}__{slip number}``. ``mode``: "graded" runs it as grading does
+    (exercise_checks.execute_trusted, hidden tests included), "validate" as the learner's
+    Validate does (the visible tests, in the kernel)."""
+    import nbformat
+
+    from exercise_checks import execute, execute_trusted
+    if mode not in ("graded", "validate"):
+        raise ValueError(f"mode {mode!r}: expected 'graded' or 'validate'")
+    trusted = mode == "graded"
+    source = source if trusted else visible_only(source)
+
+    def read_only(c) -> bool:
+        return trusted and meta(c).get("locked") and not meta(c).get("solution")
+    code = [c for c in source.cells if c.cell_type == "code" and meta(c)]
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c.source, metadata=c.metadata if read_only(c) else {})
+                for c in code if not is_test(c)]
+    answers = [c.source for c in code if meta(c).get("grade_id") in answer_cells]
+    ran: list[list[str]] = []
+    for n, (piece, _, wrong, _) in enumerate(slips):
+        nb.cells.extend(nbformat.v4.new_code_cell(text) for text in (*answers, wrong))
+        below = source.cells[_answer_index(source, answer_cells, piece):]
+        ran.append([meta(c)["grade_id"] for c in below if is_test(c)])
+        for cell in (c for c in below if is_test(c)):
+            test = nbformat.v4.new_code_cell(cell.source)
+            test.metadata = {"nbgrader": dict(meta(cell), grade_id=f"{meta(cell)['grade_id']}__{n}")}
+            nb.cells.append(test)
+    execute_trusted(nb, source_dir) if trusted else execute(nb, source_dir, allow_errors=True)
+    found = errors(nb)
+    lost, wrong_verdicts = {}, []
+    for n, (piece, how, _, failing) in enumerate(slips):
+        failed = {gid for gid in ran[n] if f"{gid}__{n}" in found}
+        lost[(piece, how)] = sum(test_points[gid] for gid in failed)
+        if failed != set(failing):
+            wrong_verdicts.append((piece, how, {
+                gid: (found[f"{gid}__{n}"]["evalue"][:300] if gid in failed else "passed")
+                for gid in failed ^ set(failing)}))
+    assert not wrong_verdicts, f"a slip cost other pieces, or not its own: {wrong_verdicts}"
+    return lost

@@ -3,7 +3,8 @@ left padding (the padded ids, per-row positions, the mask, a greedy static batch
 continuous-batching loop over the slots of a KV cache; every row and every request is held
 equal to its prompt run alone. Checked here: a valid source whose solution passes every visible
 and hidden test (and whose measurement ran the learner's loop both ways), a blank release that
-earns nothing, named mistakes, no points for a piece taken from tinyserve, and sandboxed grading.
+earns nothing, named mistakes, no points for a piece taken from tinyserve, each piece broken in
+turn costing only its own points (graded and at Validate), and sandboxed grading.
 
 What each part is for is held by a visible case: one batched forward per step (generate_static,
 counted on the tests' side), a reused slot starts at 0 (prefill_slot), each slot decodes at its
@@ -11,7 +12,10 @@ own position (decode_slots), freed slots are refilled at once (serve's occupancy
 """
 from __future__ import annotations
 
-from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+import pytest
+
+from build_exercise_checks import (NAN, check_build_source, check_named_mistakes,  # noqa: F401
+                                   check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
                              run_blank_release, run_probe, source_fixture, with_answers)
@@ -174,3 +178,24 @@ def _reports_one_batch(fn, pieces, args, count=None, lent=None):
 _b.call_with_pieces = _reports_one_batch
 for _with_pieces in [_reports_one_batch]:   # the name the tests used to fetch from the kernel
     pass"""
+
+
+# ------------------------------------------------------------------ one slip costs one piece
+
+# Every piece broken in turn, each way a learner's can break (it raises, returns NaN logits, a
+# tensor of the wrong shape or dtype, a list of the wrong type or length): only its own test
+# cell loses points, the later parts being run on tinyserve's pieces in its place.
+SLIPS = slips_of([
+    ("pad_left", {"test_pad_left"}, {"shape": "tuple(t[:, None] for t in out)", "dtype": "tuple(t.float() for t in out)"}),
+    ("padded_mask", {"test_padded_mask"}, {"shape": "out[:, 0]", "dtype": "out.float()"}),
+    ("generate_static", {"test_generate_static"}, {"length": "out[:-1]", "type": "[torch.tensor(r) for r in out]"}),
+    ("prefill_slot", {"test_prefill_slot"}, {"NaN": NAN, "shape": "out[None]"}),
+    ("decode_slots", {"test_decode_slots"}, {"NaN": NAN, "shape": "out.T"}),
+    ("serve", {"test_serve"}, {"length": "(out[0][:-1], out[1])", "type": "(out[0], tuple(out[1]))"}),
+])
+
+
+@pytest.mark.parametrize("mode", ["graded", "validate"])
+def test_one_slip_costs_one_piece(source, mode):
+    """Graded as grading does (hidden tests included) and as Validate does (visible only)."""
+    check_one_slip_costs_one_piece(source, SOURCE_DIR, TEST_POINTS, ANSWER_CELLS, SLIPS, mode)

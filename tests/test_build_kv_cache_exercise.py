@@ -3,7 +3,8 @@ preallocated KV cache, the forward pass through it, prefill and decode_step with
 positions, and the cached greedy loop; every logit is held equal to a full recompute. Checked
 here: a valid source whose solution passes every visible and hidden test (and whose timing cell
 really used the learner's cache), a blank release that earns nothing, named mistakes, no points
-for a cache taken from tinyserve, and sandboxed grading.
+for a cache taken from tinyserve, each piece broken in turn costing only its own points (graded
+and at Validate), and sandboxed grading.
 
 What each piece is for, and the test cell that holds it (issue 26), counted on a cache the tests
 keep and lend (build_checks.ReferenceCache.positions_written) where the learner's code runs:
@@ -17,7 +18,10 @@ keep and lend (build_checks.ReferenceCache.positions_written) where the learner'
 """
 from __future__ import annotations
 
-from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+import pytest
+
+from build_exercise_checks import (NAN, check_build_source, check_named_mistakes,  # noqa: F401
+                                   check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
                              run_blank_release, run_probe, source_fixture)
@@ -206,6 +210,40 @@ def test_validate_names_the_same_mistakes(source):
     still fails its test cell with its message (and each earlier slip still spares the later
     parts)."""
     check_named_mistakes(visible_only(source), SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True)
+
+
+# ------------------------------------------------------------------ one slip costs one piece
+
+# Every piece broken in turn, each way a learner's can break (it raises, returns NaN, a tensor
+# of the wrong shape, a number or list of the wrong type or length): only its own test cells
+# lose points; a later part that fails with it is judged again on build_checks' reference.
+WRITE = ("_solution_KVCache = KVCache\n"
+         "class KVCache(_solution_KVCache):\n"
+         "    def write(self, layer, k, v, positions):\n"
+         "        {body}")
+WRITE_RETURNS = "return tuple({result} for t in super().write(layer, k, v, positions))"
+SLIPS = [
+    *slips_of([("cache_bytes", {"test_cache_bytes"}, {"NaN": "float('nan')", "type": "float(out)"})]),
+    ("KVCache", "__init__ raises", "class KVCache:\n    def __init__(self, cfg, max_seq, device):\n"
+                                   "        raise RuntimeError('KVCache is not finished')",
+     {"test_cache_alloc", "test_cache_write"}),
+    ("KVCache", "write raises", WRITE.format(body="raise RuntimeError('write is not finished')"), {"test_cache_write"}),
+    ("KVCache", "write NaN", WRITE.format(body=WRITE_RETURNS.format(result="torch.full_like(t, float('nan'))")),
+     {"test_cache_write"}),
+    ("KVCache", "write shape", WRITE.format(body=WRITE_RETURNS.format(result="t[None]")), {"test_cache_write"}),
+    *slips_of([
+        ("forward_cached", {"test_forward_cached"}, {"NaN": NAN, "shape": "out[-1]"}),
+        ("prefill", {"test_prefill"}, {"NaN": NAN, "shape": "out[-1]"}),
+        ("decode_step", {"test_decode_step"}, {"NaN": NAN, "shape": "out[None]"}),
+        ("generate_cached", {"test_generate_cached"}, {"length": "out[:-1]", "type": "[float(t) for t in out]"}),
+    ]),
+]
+
+
+@pytest.mark.parametrize("mode", ["graded", "validate"])
+def test_one_slip_costs_one_piece(source, mode):
+    """Graded as grading does (hidden tests included) and as Validate does (visible only)."""
+    check_one_slip_costs_one_piece(source, SOURCE_DIR, TEST_POINTS, ANSWER_CELLS, SLIPS, mode)
 
 
 @needs_sandbox

@@ -3,7 +3,8 @@ step, greedy verification, the speculative loop with both KV caches rolled back,
 sampling with the residual (checked by a seeded distribution test). Checked here: a valid source
 whose solution passes every visible and hidden test and reproduces the target's greedy text in
 fewer target passes, a blank release that earns nothing, named mistakes, no points for calling
-tinyserve's verifier, and sandboxed grading.
+tinyserve's verifier, each piece broken in turn costing only its own points (graded and at
+Validate), and sandboxed grading.
 
 What each part is for is held by a visible case, on models the tests keep and lend: the draft
 feeds only what its cache lacks (a primed draft cache), the loop verifies k guesses in one target
@@ -12,7 +13,10 @@ follows p with a margin that separates the classic slips.
 """
 from __future__ import annotations
 
-from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+import pytest
+
+from build_exercise_checks import (check_build_source, check_named_mistakes,  # noqa: F401
+                                   check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
                              run_blank_release, run_probe, source_fixture, with_answers)
@@ -115,6 +119,24 @@ def test_validate_names_the_same_mistakes(source):
     still fails its test cell with its message (and wrong parts 1-2 still spare part 3)."""
     check_named_mistakes(visible_only(source), SOURCE_DIR, ANSWER_CELLS, MISTAKES, graded_cells_only=True,
                          trusted=True)
+
+
+# ------------------------------------------------------------------ one slip costs one piece
+
+# Every piece broken in turn (it raises, returns a list of the wrong length or the wrong type):
+# only its own test cell loses points, the loop being run on tinyserve's draft and verifier.
+SLIPS = slips_of([
+    ("draft", {"test_draft"}, {"length": "out[:-1]", "type": "[float(t) for t in out]"}),
+    ("accept_greedy", {"test_accept_greedy"}, {"length": "out[:-1]", "type": "torch.tensor(out)"}),
+    ("speculative_greedy", {"test_speculative_greedy"}, {"length": "out[:-1]", "type": "tuple(out)"}),
+    ("accept_sampled", {"test_accept_sampled"}, {"length": "out + out", "type": "[float(t) for t in out]"}),
+])
+
+
+@pytest.mark.parametrize("mode", ["graded", "validate"])
+def test_one_slip_costs_one_piece(source, mode):
+    """Graded as grading does (hidden tests included) and as Validate does (visible only)."""
+    check_one_slip_costs_one_piece(source, SOURCE_DIR, TEST_POINTS, ANSWER_CELLS, SLIPS, mode)
 
 
 @needs_sandbox
