@@ -128,6 +128,21 @@ def test_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_simulated_chapters_use_the_shipped_fit_and_say_where_it_comes_from(path: Path) -> None:
+    """A chapter that simulates charges the shipped cost model (issue 27): no constants pinned
+    in the notebook (the prose would go on quoting a fit of an engine that no longer exists),
+    and the fit's date, machine, commit and quality printed next to the figures."""
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells
+                     if c.cell_type == "code")
+    if "simulated_engine" not in code and "CostModel" not in code:
+        return
+    assert not re.search(r"CostModel\(\s*step\s*=", code), \
+        f"{path.name} pins its own cost model: use CostModel.load(), the shipped fit"
+    assert "CostModel.load()" in code and "describe_cost_model()" in code, \
+        f"{path.name}: charge CostModel.load() and print describe_cost_model() with it"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_predicts_before_measuring(path: Path) -> None:
     """Each chapter asks for a committed guess in a cell shown with .ui(): a Prediction, whose
     measurement cell below calls .record(measured), or one of the workbook's labs (KVCacheLab,
