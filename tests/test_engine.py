@@ -3,11 +3,14 @@
 Every request must produce exactly the tokens it produces alone (greedy, and seeded
 sampling), whatever shares its batch, whatever the block size, token budget, policy, prefix
 hits, chunking or preemptions; paged attention must equal a full recompute; and every block
-must come back after any mix of finishes and cancels.
+must come back after any mix of finishes and cancels. The engine's pure-decode steps on
+static buffers (what a CUDA graph replays on a GPU, run eagerly here) give the same tokens,
+pad rows without touching real ones and keep their buffers' addresses.
 """
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,9 +19,10 @@ from hypothesis import strategies as st
 
 from conftest import random_prompt, sharp_model
 from tinyserve.config import ModelConfig
+from tinyserve.cuda_graph import EngineGraphs
 from tinyserve.engine import Engine, EngineConfig, generate_many
 from tinyserve.generate import PromptError, generate, generate_ids
-from tinyserve.paged import PagedKVCache, RowSpec
+from tinyserve.paged import DecodeBuffers, DecodeLayout, PagedKVCache, RowSpec
 from tinyserve.sampling import SamplingParams
 from tinyserve.block_manager import BlockManager
 
@@ -52,12 +56,24 @@ CONFIGS = {
     "block size 1": EngineConfig(num_blocks=400, block_size=1, max_num_batched_tokens=32),
     "shortest first": EngineConfig(num_blocks=64, block_size=4, policy="spf"),
     "size-aware": EngineConfig(num_blocks=64, block_size=4, policy="size-aware", max_num_seqs=4),
+    # a prompt read one token a step beside a decode: one-token rows that do not sample
+    "two tokens a step": EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=2),
 }
+# The plain eager step, and pure-decode steps on static buffers (tinyserve.cuda_graph.
+# EngineGraphs, run eagerly here: the code a CUDA graph records): the same tokens.
+GRAPH = pytest.mark.parametrize("graph", [False, True], ids=["eager", "static-decode"])
 
 
+def _graph_ran(engine: Engine, graph: bool) -> bool:
+    """The static-buffer step ran (graph) or was never built (eager)."""
+    graphs = engine.executor.graphs
+    return graphs.steps > 0 if graph else graphs is None
+
+
+@GRAPH
 @pytest.mark.parametrize("name", CONFIGS)
-def test_batched_equals_alone(name, model, prompts, alone) -> None:
-    engine = Engine(model, CONFIGS[name])
+def test_batched_equals_alone(name, graph, model, prompts, alone) -> None:
+    engine = Engine(model, replace(CONFIGS[name], graph=graph))
     seqs = [engine.add_request(p, 20) for p in prompts]
     engine.run()
     assert [s.output_ids for s in seqs] == alone
@@ -65,23 +81,28 @@ def test_batched_equals_alone(name, model, prompts, alone) -> None:
     engine.blocks.check_invariants()
     if name == "tight memory, preempts":
         assert sum(s.preemptions for s in seqs) > 0     # the case this config exists for
+    assert _graph_ran(engine, graph)
 
 
-def test_requests_joining_mid_flight_equal_alone(model, prompts, alone) -> None:
-    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16))
+@GRAPH
+def test_requests_joining_mid_flight_equal_alone(graph, model, prompts, alone) -> None:
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16,
+                                        graph=graph))
     seqs, pending = [], list(prompts)
     while pending or engine.has_unfinished():
         if pending:                                      # one new request every step
             seqs.append(engine.add_request(pending.pop(0), 20))
         engine.step()
     assert [s.output_ids for s in seqs] == alone
+    assert _graph_ran(engine, graph)
 
 
-def test_prefix_hit_equals_miss(model) -> None:
+@GRAPH
+def test_prefix_hit_equals_miss(graph, model) -> None:
     system = random_prompt(CFG.vocab_size, 24, seed=99)
     users = [system + random_prompt(CFG.vocab_size, n, seed=100 + n) for n in (3, 9, 14)]
     want = [list(generate_ids(model, p, 12)) for p in users]
-    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4))
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, graph=graph))
     first = engine.add_request(users[0], 12)
     engine.run()                                         # warms the cache with the system prompt
     rest = [engine.add_request(p, 12) for p in users[1:]]
@@ -90,15 +111,19 @@ def test_prefix_hit_equals_miss(model) -> None:
     assert first.cached_tokens == 0
     assert all(s.cached_tokens == 24 for s in rest)      # 6 full blocks of the system prompt
     assert engine.blocks.prefix_hit_rate > 0
+    assert _graph_ran(engine, graph)
 
 
-def test_seeded_sampling_equals_alone(model, prompts) -> None:
+@GRAPH
+def test_seeded_sampling_equals_alone(graph, model, prompts) -> None:
     params = [SamplingParams(temperature=0.9, top_k=20, seed=s) for s in range(len(prompts))]
     want = [generate(model, p, 15, sampling=sp).tokens for p, sp in zip(prompts, params)]
-    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12))
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12,
+                                        graph=graph))
     seqs = [engine.add_request(p, 15, sampling=sp) for p, sp in zip(prompts, params)]
     engine.run()
     assert [s.output_ids for s in seqs] == want
+    assert _graph_ran(engine, graph)
 
 
 def test_stop_tokens_and_window(model, prompts, alone) -> None:
@@ -293,3 +318,177 @@ def test_a_row_without_slots_needs_its_block_table(model) -> None:
     cache = PagedKVCache(model.config, 8, 4)
     with pytest.raises(ValueError, match="needs its block_table"):
         cache.prepare([RowSpec([5], None, 1)])
+
+
+# ---- pure-decode steps on static buffers (tinyserve.cuda_graph.EngineGraphs) -------------
+
+def _decode_args(bm, prompts):
+    """Each prompt's last token at its position, and its block table."""
+    return ([t[-1] for t in prompts], [len(t) - 1 for t in prompts],
+            [bm.tables[f"r{i}"].blocks for i in range(len(prompts))])
+
+
+def _scratch_cache(model, lengths, num_blocks=40):
+    bm = BlockManager(num_blocks, 4, enable_prefix_caching=False)
+    cache = PagedKVCache(model.config, num_blocks, 4, scratch=True)
+    prompts = [random_prompt(CFG.vocab_size, n, seed=n) for n in lengths]
+    with torch.no_grad():
+        _prefill_rows(model, bm, cache, prompts)
+    return cache, bm, prompts
+
+
+def test_static_steps_pad_rows_to_a_bucket_and_contexts_to_a_window() -> None:
+    from tinyserve.model import TinyLlama
+    cfg = replace(CFG, max_position_embeddings=160)
+    model, cache = TinyLlama(cfg), PagedKVCache(cfg, 32, 4, scratch=True)
+    graphs = EngineGraphs(model, cache, max_rows=6)
+    assert graphs.max_rows == 8 and graphs.max_blocks == 40 and not graphs.capture
+    # rows to a bucket (1, 2, 4, 8); the longest context to a power of two from 64, in blocks
+    assert [graphs.shape(n, 10)[0] for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert [graphs.shape(1, n)[1] for n in (1, 64, 65, 128, 129, 160)] == [16, 16, 32, 32, 40, 40]
+    with pytest.raises(ValueError, match="1 to 8 rows"):
+        graphs.step([1] * 9, [0] * 9, [[0]] * 9)
+    assert EngineGraphs(model, cache, max_rows=20).shape(17, 1) == (32, 16)
+    with pytest.raises(ValueError, match="scratch=True"):
+        EngineGraphs(model, PagedKVCache(cfg, 32, 4), max_rows=4)
+    with pytest.raises(ValueError, match="need a CUDA device"):
+        EngineGraphs(model, cache, 4, capture=True)
+
+
+def test_padding_rows_see_only_the_scratch_block() -> None:
+    cache = PagedKVCache(CFG, 8, 4, scratch=True)           # blocks 0-7, scratch block 8
+    assert cache.scratch_block == 8 and cache.bytes_per_block * 9 == cache.nbytes
+    buffers = DecodeBuffers(cache, max_rows=4, max_blocks=5)
+    buffers.fill([11, 12, 13], [5, 0, 8], [[3, 1], [6], [2, 0, 7]], rows=4)
+    assert buffers.packed.tolist() == [
+        [11, 5, 1 * 4 + 1, 6, 3, 1, 8, 8, 8],   # token, position, write slot, length, table
+        [12, 0, 6 * 4 + 0, 1, 6, 8, 8, 8, 8],
+        [13, 8, 7 * 4 + 0, 9, 2, 0, 7, 8, 8],
+        [CFG.pad_token_id, 0, 8 * 4, 1, 8, 8, 8, 8, 8],           # a padding row
+    ]
+    with pytest.raises(ValueError, match="position 20 needs 6 blocks"):
+        buffers.fill([1], [20], [[0] * 6], rows=1)
+
+
+def test_padding_rows_never_change_a_real_row(model) -> None:
+    """Three real rows padded to a bucket of 4, and to 8 (five padding rows): each real
+    row's logits are the eager step's and recompute's; the step writes the real rows' new
+    slots and the scratch block, nothing else."""
+    out = []
+    for bucket in (4, 8):
+        cache, bm, prompts = _scratch_cache(model, (9, 6, 13))
+        graphs = EngineGraphs(model, cache, max_rows=8)
+        before = cache.k.clone(), cache.v.clone()
+        ids, positions, tables = _decode_args(bm, prompts)
+        if bucket == 4:                                  # the smallest that holds 3 rows
+            assert graphs.shape(3, 13) == (4, 16)
+            out.append(graphs.step(ids, positions, tables).clone())
+        else:                                            # a larger bucket, by hand
+            graphs.buffers.fill(ids, positions, tables, bucket)
+            with torch.no_grad():
+                out.append(graphs._forward(bucket, 16)[:3].clone())
+        written = torch.zeros(cache.k.shape[1], dtype=torch.bool)
+        written[[bm.slot(f"r{i}", p) for i, p in enumerate(positions)]] = True
+        written[cache.scratch_block * 4:] = True
+        for now, then in zip((cache.k, cache.v), before):
+            assert torch.equal(now[:, ~written], then[:, ~written])
+            assert not torch.equal(now[:, written], then[:, written])
+    torch.testing.assert_close(out[1], out[0], rtol=1e-6, atol=1e-6)
+    cache, bm, prompts = _scratch_cache(model, (9, 6, 13))
+    ids, positions, tables = _decode_args(bm, prompts)
+    cache.prepare([RowSpec([bm.slot(f"r{i}", p)], None, p, tables[i])
+                   for i, p in enumerate(positions)])
+    with torch.no_grad():
+        eager = model(torch.tensor([ids]), None, cache)[0]
+        want = torch.stack([model(torch.tensor([t]))[0, -1] for t in prompts])
+    torch.testing.assert_close(out[0], eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_every_static_step_goes_through_the_same_buffers(model, prompts) -> None:
+    """A graph replays fixed addresses: the static inputs, the gather buffer, the logits
+    and the pool keep theirs for a whole run (nothing allocated per step for them)."""
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4,
+                                        max_num_batched_tokens=12, graph=True))
+    graphs, cache = engine.executor.graphs, engine.executor.cache
+
+    def addresses():
+        b = graphs.buffers
+        return [t.data_ptr() for t in (b.packed, b.gathered, graphs.logits, cache.k, cache.v)]
+    first, buckets = addresses(), set()
+    for p in prompts:
+        engine.add_request(p, 12)
+    while engine.has_unfinished():
+        engine.step()
+        lay = cache.layout
+        if isinstance(lay, DecodeLayout):
+            buckets.add(lay.num_tokens)
+            assert lay.workspace.data_ptr() == graphs.buffers.gathered.data_ptr()
+            assert lay.positions.data_ptr() == graphs.buffers.positions.data_ptr()
+        assert addresses() == first
+    assert len(buckets) > 1 and graphs.steps > 0
+
+
+def test_a_static_step_reads_nothing_and_an_engine_step_reads_once(model, prompts) -> None:
+    from host_reads import HostReads, count_reads
+    cache, bm, rows = _scratch_cache(model, (9, 6, 13))
+    graphs = EngineGraphs(model, cache, max_rows=4)
+    with torch.no_grad():
+        _, reads = count_reads(graphs.step, *_decode_args(bm, rows))
+    assert reads.count == 0, reads.where
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, graph=True))
+    engine.add_request(prompts[0], 10)
+    engine.add_request(prompts[1], 10, sampling=SamplingParams(temperature=0.8, top_k=10, seed=1))
+    while engine.has_unfinished():
+        with torch.no_grad(), HostReads() as reads:
+            events = engine.step()
+        assert reads.count == (1 if events else 0), reads.where
+    assert engine.executor.graphs.steps > 0
+
+
+def test_the_plain_engine_stays_the_default_on_the_cpu(model) -> None:
+    engine = Engine(model, EngineConfig(num_blocks=8, block_size=4))
+    assert engine.executor.graphs is None and engine.executor.cache.scratch_block is None
+
+
+# ---- the captured graphs (CUDA only) ------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["small budget, chunked", "tight memory, preempts"])
+def test_on_cuda_the_engines_graphs_give_the_eager_tokens(name, prompts) -> None:
+    """The default on CUDA: graphs captured (each in under a second), the eager engine's
+    tokens, and the graphs replayed, not captured again, for the next requests."""
+    gpu = sharp_model(CFG, 0).to("cuda")
+    want = generate_many(gpu, prompts, 20, replace(CONFIGS[name], graph=False))
+    engine = Engine(gpu, CONFIGS[name])
+    seqs = [engine.add_request(p, 20) for p in prompts]
+    engine.run()
+    graphs = engine.executor.graphs
+    assert graphs is not None and graphs.capture and graphs.graphs
+    assert [s.output_ids for s in seqs] == want
+    assert all(s < 1.0 for s in graphs.capture_seconds.values()), graphs.capture_seconds
+    captured = dict(graphs.capture_seconds)
+    again = [engine.add_request(p, 20) for p in prompts]
+    engine.run()
+    assert [s.output_ids for s in again] == want
+    assert all(graphs.capture_seconds[k] == v for k, v in captured.items())
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_replayed_step_reads_once_and_follows_moved_weights(prompts) -> None:
+    from host_reads import HostReads
+    gpu = sharp_model(CFG, 0).to("cuda")
+    engine = Engine(gpu, EngineConfig(num_blocks=64, block_size=4))
+    engine.add_request(prompts[0], 8)
+    while engine.has_unfinished():
+        with torch.no_grad(), HostReads() as reads:
+            events = engine.step()
+        assert reads.count == (1 if events else 0), reads.where
+    assert engine.executor.graphs.graphs
+    with torch.no_grad():
+        gpu.model.layers[0].mlp.up_proj.weight.mul_(0.5)   # its stacked copy is rebuilt
+    config = EngineConfig(num_blocks=64, block_size=4, graph=False)
+    want = generate_many(gpu, prompts[:1], 8, config)[0]
+    seq = engine.add_request(prompts[0], 8)
+    engine.run()
+    assert seq.output_ids == want

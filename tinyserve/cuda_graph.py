@@ -21,9 +21,25 @@ between. So the step must (this is nano-vllm's recipe, ``ModelRunner.capture_cud
   one device share one memory pool (``torch.cuda.graph_pool_handle``), so their
   intermediate tensors take the memory once, not once per bucket.
 
-Where CUDA is absent (or ``capture=False``) :class:`GraphDecoder` runs the same step
-eagerly on the same static buffers: that is how the buffers, the buckets and the padding
-are tested on a CPU, against the plain KV-cache step. ``torch.compile``'s graphs
+:class:`GraphDecoder` serves one request or one static batch (``generate_stream``,
+``generate_batch``). :class:`EngineGraphs` does the same for the continuous-batching
+engine, whose rows join and leave every step and whose keys live in the paged pool. As
+nano-vllm's model runner does, only a step in which every row feeds one token is replayed
+(prefill and mixed steps, whose shapes change every step, stay eager): its rows are padded
+to a bucket, and each row's token id, position, slot to write, context length and block
+table are copied into static buffers (:class:`~tinyserve.paged.DecodeBuffers`), the table
+padded to the window's blocks. Where nano-vllm hands the tables to a paged-attention kernel
+that stops at each row's length, here every row gathers all of its window's blocks and a
+mask made on the device from the lengths hides the ones past its end
+(:class:`~tinyserve.paged.DecodeLayout`): a fixed shape and nothing read back. Padding rows
+write and read one scratch block that the block manager never hands out, so they cannot
+change a real row. The window is the step's longest context rounded up to a power of two
+from 64, so one graph per (bucket, window) is captured, on first use; nano-vllm captures
+its buckets at start-up for the whole context window.
+
+Where CUDA is absent (or ``capture=False``) both run the same step eagerly on the same
+static buffers: that is how the buffers, the buckets and the padding are tested on a CPU,
+against the plain KV-cache step and the engine's plain step. ``torch.compile``'s graphs
 (:mod:`tinyserve.compiled`) stay the opt-in "compiled" step: fused kernels, minutes to
 build.
 """
@@ -31,7 +47,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -41,10 +57,11 @@ from .config import ModelConfig
 from .device import upload
 from .kv_cache import CacheFullError
 from .model import TinyLlama
+from .paged import DecodeBuffers, PagedKVCache
 
 __all__ = ["MAX_BATCH", "buckets", "bucket_for", "GraphKVCache", "GraphDecoder",
-           "graph_decoder", "shared_pool", "eager_step_seconds", "graph_step_seconds",
-           "compare"]
+           "graph_decoder", "EngineGraphs", "shared_pool", "record", "weight_addresses",
+           "eager_step_seconds", "graph_step_seconds", "compare"]
 
 #: The largest batch a graph is captured for (nano-vllm's default ``max_num_seqs``).
 MAX_BATCH = 512
@@ -113,6 +130,40 @@ def shared_pool(device: torch.device) -> object:
     return _POOLS[device]
 
 
+def record(step: Callable[[], Tensor], device: torch.device) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+    """``step`` warmed up and captured into a graph in ``device``'s shared pool; returns the
+    graph and the tensor ``step`` returned (where each replay leaves its result).
+
+    The warm-up runs twice on a side stream, for real: it makes the lazy state (the rotary
+    table, the stacked weights, cuBLAS's workspace) before the capture, which must not
+    allocate it. So ``step``'s buffers must hold harmless values (padding rows)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=shared_pool(device)):
+        out = step()
+    torch.cuda.synchronize(device)
+    return graph, out
+
+
+def weight_addresses(model: TinyLlama) -> tuple:
+    """The addresses a captured graph reads besides its buffers: every parameter and
+    module buffer (an int8 model's weights), the stacked weight copies
+    :func:`~tinyserve.model.fused_linear` keeps (rebuilt when a weight changes) and the
+    rotary table. If any moved, the graph must be captured again. (A rebuilt copy at the
+    old address is read correctly by the old graph.)"""
+    kept = [m.__dict__.get("_fused_weight") for m in model.modules()]
+    stacked = tuple(k[1].data_ptr() if k is not None else 0 for k in kept)
+    rope = model.__dict__.get("_rope_table")
+    tables = (rope[1].data_ptr(), rope[2].data_ptr()) if rope is not None else ()
+    held = [*model.parameters(), *model.buffers()]   # int8 weights: buffers
+    return tuple(t.data_ptr() for t in held) + stacked + tables
+
+
 class GraphDecoder:
     """Static buffers, a static KV cache and (on CUDA) the captured decode step, for
     ``batch_size`` rows (a bucket) of up to ``window`` positions each.
@@ -147,17 +198,7 @@ class GraphDecoder:
         return self.model(self.tokens[:, None], None, self.cache)[:, -1]
 
     def _weights(self) -> tuple:
-        """The addresses a captured graph reads besides its buffers: every parameter and
-        module buffer (an int8 model's weights), the stacked weight copies
-        :func:`~tinyserve.model.fused_linear` keeps (rebuilt when a weight changes) and the
-        rotary table. If any moved, the graph is captured again. (A rebuilt copy at the
-        old address is read correctly by the old graph.)"""
-        kept = [m.__dict__.get("_fused_weight") for m in self.model.modules()]
-        stacked = tuple(k[1].data_ptr() if k is not None else 0 for k in kept)
-        rope = self.model.__dict__.get("_rope_table")
-        tables = (rope[1].data_ptr(), rope[2].data_ptr()) if rope is not None else ()
-        held = [*self.model.parameters(), *self.model.buffers()]   # int8 weights: buffers
-        return tuple(t.data_ptr() for t in held) + stacked + tables
+        return weight_addresses(self.model)
 
     def _park(self) -> None:
         """Every row at the window's last slot: what a padding row (and the warm-up and
@@ -169,19 +210,8 @@ class GraphDecoder:
         start = time.perf_counter()
         self._park()
         self.graph = self._out = None
-        # Warm up on a side stream (lazy state: the rotary table, the stacked weights,
-        # cuBLAS's workspace), then record one step into the shared pool.
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._forward()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=shared_pool(self.device)):
-            self._out = self._forward()
-        torch.cuda.synchronize(self.device)
-        self.graph, self._captured_from = graph, self._weights()
+        self.graph, self._out = record(self._forward, self.device)
+        self._captured_from = self._weights()
         self.captures += 1
         self.capture_seconds = time.perf_counter() - start
 
@@ -265,6 +295,94 @@ def graph_decoder(model: TinyLlama, batch: int, tokens: int | None = None, *,
         free.append(decoder)
     decoder.in_use = True
     return decoder
+
+
+# ------------------------------------------------------------------ the engine's decode steps
+
+class EngineGraphs:
+    """The continuous-batching engine's pure-decode steps (every row feeds one token) on
+    static buffers, replayed as one CUDA graph per (batch bucket, window), nano-vllm's way.
+
+    A step copies each row's token id, position, write slot, context length and block
+    table into :class:`~tinyserve.paged.DecodeBuffers` (one copy), pads the rows to a bucket
+    with padding rows (the scratch block's slot: no real row reads it), and replays the
+    graph of its bucket and window: every row gathers all the window's blocks of its table
+    and is masked by its length on the device (:class:`~tinyserve.paged.DecodeLayout`), so
+    one graph serves every mix of lengths up to the window. The window is the longest
+    context rounded up to a power of two from 64 (:func:`~tinyserve.compiled.window_for`),
+    as in the compiled step: gathering the whole context window would read far more keys
+    than short requests hold. Graphs are captured on first use (under a second each), into
+    the device's shared pool; the logits land in one static buffer ``logits``.
+
+    With ``capture=False`` (the default where CUDA is absent) the very same step runs
+    eagerly on the same buffers: that is how the buckets, the padding and the buffers are
+    tested on a CPU against the engine's plain step.
+    """
+
+    def __init__(self, model: TinyLlama, cache: PagedKVCache, max_rows: int, *,
+                 capture: bool | None = None) -> None:
+        self.model, self.cache, self.device = model, cache, model.device
+        self.capture = self.device.type == "cuda" if capture is None else capture
+        if self.capture and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
+        self.context = model.config.max_position_embeddings
+        self.max_rows = bucket_for(min(max_rows, MAX_BATCH))
+        self.max_blocks = -(-self.context // cache.block_size)
+        self.buffers = DecodeBuffers(cache, self.max_rows, self.max_blocks)
+        self.logits = torch.zeros(self.max_rows, model.config.vocab_size, device=self.device)
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.capture_seconds: dict[tuple[int, int], float] = {}
+        self.steps = 0                                 # steps taken through these buffers
+        self._captured_from: tuple | None = None
+        # False after an eager step: the next replay first checks that the weights the
+        # graphs read have not moved (an eager step rebuilds a stacked copy that changed).
+        self.checked = False
+
+    def shape(self, rows: int, longest: int) -> tuple[int, int]:
+        """(bucket, blocks per row) of a step of ``rows`` rows whose longest context is
+        ``longest`` tokens."""
+        window = window_for(longest, self.context)
+        return bucket_for(rows, self.max_rows), min(-(-window // self.cache.block_size),
+                                                    self.max_blocks)
+
+    def _forward(self, rows: int, blocks: int) -> Tensor:
+        layout = self.cache.prepare_decode(self.buffers, rows, blocks)
+        self.logits[:rows].copy_(self.model(layout.input_ids, None, self.cache)[0])
+        return self.logits[:rows]
+
+    def _capture(self, rows: int, blocks: int) -> torch.cuda.CUDAGraph:
+        start = time.perf_counter()
+        if self.graphs and weight_addresses(self.model) != self._captured_from:
+            self.graphs.clear()                       # the others read moved weights
+        self.buffers.park()                           # the warm-up writes the scratch slot only
+        graph, _ = record(lambda: self._forward(rows, blocks), self.device)
+        self._captured_from = weight_addresses(self.model)
+        self.graphs[rows, blocks] = graph
+        self.capture_seconds[rows, blocks] = time.perf_counter() - start
+        return graph
+
+    @torch.no_grad()
+    def step(self, token_ids: Sequence[int], positions: Sequence[int],
+             tables: Sequence[Sequence[int]]) -> Tensor:
+        """Next-token logits (rows, vocab) of ``token_ids[r]`` at ``positions[r]`` in the
+        sequence whose block table is ``tables[r]`` (its blocks must hold 0..position).
+        A view of the static ``logits`` buffer: valid until the next step."""
+        rows = len(positions)
+        if not 1 <= rows <= self.max_rows:
+            raise ValueError(f"a static decode step takes 1 to {self.max_rows} rows, got {rows}")
+        bucket, blocks = self.shape(rows, max(positions) + 1)
+        self.steps += 1
+        if not self.capture:
+            self.buffers.fill(token_ids, positions, tables, bucket)
+            return self._forward(bucket, blocks)[:rows]
+        if not self.checked:
+            if self.graphs and weight_addresses(self.model) != self._captured_from:
+                self.graphs.clear()
+            self.checked = True
+        graph = self.graphs.get((bucket, blocks)) or self._capture(bucket, blocks)
+        self.buffers.fill(token_ids, positions, tables, bucket)
+        graph.replay()
+        return self.logits[:rows]
 
 
 # ------------------------------------------------------------------ measuring it

@@ -27,6 +27,8 @@ from typing import Protocol
 import torch
 
 from .block_manager import BlockManager
+from .cuda_graph import EngineGraphs
+from .device import upload
 from .generate import PromptError, check_prompt
 from .model import TinyLlama
 from .paged import PagedKVCache, RowSpec
@@ -47,6 +49,9 @@ class EngineConfig:
     static: bool = False
     policy: str | Policy = "fcfs"
     compile: bool = False   # compile the token-wise layers (tinyserve.compiled.compile_token_layers)
+    # Pure-decode steps on static buffers (tinyserve.cuda_graph.EngineGraphs), replayed as
+    # CUDA graphs on CUDA, run eagerly elsewhere. None: on CUDA (without compile) only.
+    graph: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -75,12 +80,21 @@ class Executor(Protocol):
 
 
 class ModelExecutor:
-    """Runs a step on the real model: one forward pass over every scheduled token."""
+    """Runs a step on the real model: one forward pass over every scheduled token.
 
-    def __init__(self, model: TinyLlama, num_blocks: int, block_size: int) -> None:
+    With ``graph``, a step whose every row feeds one token goes through
+    :class:`~tinyserve.cuda_graph.EngineGraphs` instead (up to ``max_num_seqs`` rows): a
+    replayed CUDA graph where ``capture`` (default: on CUDA), the same static-buffer step
+    run eagerly otherwise. Prefill and mixed steps always take the eager path."""
+
+    def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, *,
+                 graph: bool = False, max_num_seqs: int = 16,
+                 capture: bool | None = None) -> None:
         self.model = model
         self.cache = PagedKVCache(model.config, num_blocks, block_size,
-                                  device=model.device, dtype=model.dtype)
+                                  device=model.device, dtype=model.dtype, scratch=graph)
+        self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture) \
+            if graph else None
 
     def now(self) -> float:
         return time.perf_counter()
@@ -96,6 +110,10 @@ class ModelExecutor:
         reached the end of its sequence. The step's inputs go to the device in one copy
         (:class:`~tinyserve.paged.StepLayout`) and the sampled tokens come back in one read:
         the only point where the host waits for the device."""
+        if self.graphs is not None:
+            if len(batch) <= self.graphs.max_rows and all(n == 1 for n in batch.num_new_tokens):
+                return self._execute_decode(batch, blocks)
+            self.graphs.checked = False   # an eager step may rebuild the stacked weights
         rows = []
         bs = blocks.block_size
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -117,6 +135,25 @@ class ModelExecutor:
                                   [self._generator(seq) for seq in sampled]).tolist()
                       if sampled else [])             # the step's one read from the device
         return [next(tokens) if row.sample else None for row in rows]
+
+    def _execute_decode(self, batch: ScheduledBatch, blocks: BlockManager) -> list[int | None]:
+        """A pure-decode step through the static buffers: each row's token at its position,
+        then :meth:`execute`'s sampling, for the rows that reach their sequence's end (all
+        of them but a one-token prefill chunk that is not a prompt's last)."""
+        assert self.graphs is not None
+        starts = [seq.num_computed for seq in batch.seqs]
+        logits = self.graphs.step([seq.token_ids[p] for seq, p in zip(batch.seqs, starts)],
+                                  starts, [blocks.tables[seq.seq_id].blocks for seq in batch.seqs])
+        sample = [p + 1 >= seq.num_tokens for seq, p in zip(batch.seqs, starts)]
+        sampled = [seq for seq, s in zip(batch.seqs, sample) if s]
+        if not sampled:
+            return [None] * len(sample)
+        if len(sampled) < len(sample):
+            logits = logits.index_select(0, upload([i for i, s in enumerate(sample) if s],
+                                                   logits.device))
+        tokens = iter(sample_rows(logits, [seq.sampling for seq in sampled],
+                                  [self._generator(seq) for seq in sampled]).tolist())
+        return [next(tokens) if s else None for s in sample]
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         """The request's seeded generator, on the model's device (where its draws are made).
@@ -140,7 +177,10 @@ class Engine:
             if config.compile:
                 from .compiled import compile_token_layers
                 compile_token_layers(model)
-            executor = ModelExecutor(model, config.num_blocks, config.block_size)
+            graph = config.graph if config.graph is not None else \
+                model.device.type == "cuda" and not config.compile
+            executor = ModelExecutor(model, config.num_blocks, config.block_size, graph=graph,
+                                     max_num_seqs=config.max_num_seqs)
         self.executor = executor
         self.context_window = context_window or (model.config.max_position_embeddings
                                                  if model is not None else 1 << 30)

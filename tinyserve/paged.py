@@ -16,6 +16,12 @@ know which sequence a token belongs to, and that is this module's job, the way a
 
 :class:`StepLayout` holds what the engine knows about a step (per row: new-token slots, the
 slots of the whole context, positions); it is built once per step and shared by all layers.
+
+A *pure-decode* step (every row feeds one token) can instead read :class:`DecodeBuffers`,
+static tensors filled in place each step, through a :class:`DecodeLayout`: every row
+gathers all the blocks of a fixed window and is masked by its length on the device, so the
+step has one shape per (rows, window) and reads nothing from the host. That is what a CUDA
+graph needs (:class:`tinyserve.cuda_graph.EngineGraphs`).
 """
 from __future__ import annotations
 
@@ -92,6 +98,8 @@ class StepLayout:
     copy; masks are then made on the device from the lengths. ``input_ids`` (1, N) and
     ``logits_at`` are set when the rows carry ``token_ids`` and ``sample`` flags.
     """
+
+    workspace: Tensor | None = None   # decode rows gather into the cache's own buffer
 
     def __init__(self, rows: Sequence[RowSpec], device: torch.device,
                  block_size: int | None = None) -> None:
@@ -188,11 +196,15 @@ class PagedKVCache:
     """
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, *,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 scratch: bool = False) -> None:
         self.config = config
         self.num_blocks, self.block_size = num_blocks, block_size
-        shape = (config.num_hidden_layers, num_blocks * block_size, config.num_key_value_heads,
-                 config.head_dim)
+        # With ``scratch``, one block past the block manager's ``num_blocks``: the padding
+        # rows of a static decode step write and read only there (DecodeBuffers).
+        self.scratch_block = num_blocks if scratch else None
+        shape = (config.num_hidden_layers, (num_blocks + scratch) * block_size,
+                 config.num_key_value_heads, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.layout: StepLayout | None = None
@@ -207,7 +219,7 @@ class PagedKVCache:
 
     @property
     def bytes_per_block(self) -> int:
-        return self.nbytes // self.num_blocks
+        return self.nbytes // (self.k.shape[1] // self.block_size)
 
     def prepare(self, rows: Sequence[RowSpec]) -> StepLayout:
         layout = StepLayout(rows, self.k.device, self.block_size)
@@ -219,6 +231,13 @@ class PagedKVCache:
                 f"{window}.")
         self.layout = layout
         return layout
+
+    def prepare_decode(self, buffers: "DecodeBuffers", rows: int, blocks: int) -> "DecodeLayout":
+        """Set up a pure-decode step read from ``buffers``: ``rows`` rows (a bucket, padding
+        included), each gathering ``blocks`` blocks. Device work only: a CUDA graph records
+        it with the step, and every replay recomputes it from the refilled buffers."""
+        self.layout = DecodeLayout(buffers, rows, blocks)
+        return self.layout
 
     def step_positions(self, batch: int, tokens: int) -> Tensor:
         """The prepared step's positions, (1, N): the model's default when it is called
@@ -272,8 +291,9 @@ class PagedKVCache:
         if torch.is_grad_enabled():   # out= records no autograd history: a fresh tensor
             kd = k_pool.reshape(units).index_select(0, lay.decode_gather)
             vd = v_pool.reshape(units).index_select(0, lay.decode_gather)
-        else:
-            kd, vd = self._workspace(2 * len(lay.decode_gather) * units[1]).view(2, -1, units[1])
+        else:   # a static step gathers into its own buffer (a fixed address)
+            kd, vd = lay.workspace if lay.workspace is not None else \
+                self._workspace(2 * len(lay.decode_gather) * units[1]).view(2, -1, units[1])
             torch.index_select(k_pool.reshape(units), 0, lay.decode_gather, out=kd)
             torch.index_select(v_pool.reshape(units), 0, lay.decode_gather, out=vd)
         kd, vd = kd.view(D, -1, n_kv, hd), vd.view(D, -1, n_kv, hd)
@@ -290,3 +310,97 @@ class PagedKVCache:
         if self._gathered.numel() < numel:
             self._gathered = torch.empty(numel, device=self.k.device, dtype=self.k.dtype)
         return self._gathered[:numel]
+
+
+def _copy_in(dst: Tensor, values: list[int]) -> None:
+    """``values`` into ``dst`` (contiguous, int64) in one copy: on CUDA from pinned memory,
+    queued without waiting (torch's pinned-memory cache keeps the source until it ran)."""
+    if dst.device.type != "cuda":
+        dst.copy_(torch.tensor(values, dtype=dst.dtype).view(dst.shape))
+        return
+    src = torch.tensor(values, dtype=dst.dtype, pin_memory=True).view(dst.shape)
+    dst.copy_(src, non_blocking=True)
+
+
+class DecodeBuffers:
+    """The static inputs of the engine's pure-decode steps, for up to ``max_rows`` rows of
+    up to ``max_blocks`` blocks each: made once, refilled in place every step, so a CUDA
+    graph recorded on them finds each step's values at the addresses it recorded.
+
+    One int64 tensor ``packed`` (max_rows, 4 + max_blocks) holds per row its token id,
+    position, write slot, context length and block table; the host writes a step's rows
+    with one copy (:meth:`fill`). A row's table is padded with the cache's scratch block,
+    and rows past the step's real ones are *padding rows*: the pad token at position 0,
+    writing the scratch slot and seeing only it (length 1). No real row reads the scratch
+    block (the mask stops each at its length), so padding never changes a real row.
+    ``gathered`` is where every layer gathers the rows' keys and values.
+    """
+
+    def __init__(self, cache: PagedKVCache, max_rows: int, max_blocks: int) -> None:
+        if cache.scratch_block is None:
+            raise ValueError("static decode steps need a cache made with scratch=True "
+                             "(a block the padding rows may write)")
+        cfg, device = cache.config, cache.k.device
+        self.cache, self.max_rows, self.max_blocks = cache, max_rows, max_blocks
+        self.block_size, self.scratch = cache.block_size, cache.scratch_block
+        self.packed = torch.zeros(max_rows, 4 + max_blocks, dtype=torch.long, device=device)
+        self.token_ids, self.positions, self.write_slots, self.lengths = self.packed.unbind(1)[:4]
+        self.block_tables = self.packed[:, 4:]
+        unit = self.block_size * cfg.num_key_value_heads * cfg.head_dim
+        self.gathered = torch.empty(2, max_rows * max_blocks, unit, device=device,
+                                    dtype=cache.k.dtype)
+        self._padding = [cfg.pad_token_id, 0, self.scratch * self.block_size, 1] + \
+            [self.scratch] * max_blocks
+        self.park()
+
+    def park(self) -> None:
+        """Every row a padding row (what a graph is warmed up and captured on)."""
+        _copy_in(self.packed, self._padding * self.max_rows)
+
+    def fill(self, token_ids: Sequence[int], positions: Sequence[int],
+             tables: Sequence[Sequence[int]], rows: int) -> None:
+        """Write the step's real rows (one token each, at ``positions``, in the sequences
+        whose block tables are ``tables``) and padding up to ``rows``, in one copy."""
+        bs, most = self.block_size, self.max_blocks
+        values: list[int] = []
+        for token, pos, table in zip(token_ids, positions, tables):
+            need = pos // bs + 1                           # blocks holding 0..pos
+            if need > most:
+                raise ValueError(f"position {pos} needs {need} blocks; these buffers hold "
+                                 f"{most} per row (the context window)")
+            values += [token, pos, table[pos // bs] * bs + pos % bs, pos + 1]
+            values += list(table[:need]) + [self.scratch] * (most - need)
+        values += self._padding * (rows - len(positions))
+        _copy_in(self.packed[:rows], values)
+
+
+class DecodeLayout:
+    """What :meth:`PagedKVCache.attend` reads for a pure-decode step of ``rows`` rows that
+    gather ``blocks`` blocks each, taken from :class:`DecodeBuffers`: views of the buffers
+    and device operations, static shapes, no value read back to the host.
+
+    Each row gathers all ``blocks`` entries of its table (its unused ones point at the
+    scratch block) and attends under a mask made on the device from its length, where the
+    per-step :class:`StepLayout` gathers only up to the longest row and lists lengths on
+    the host."""
+
+    prefill_rows: tuple = ()
+    prefill_meta: tuple = ()
+    decode_prefix = True
+    decode_by_block = True
+    logits_at = None
+
+    def __init__(self, buffers: DecodeBuffers, rows: int, blocks: int) -> None:
+        device = buffers.packed.device
+        self.num_tokens = rows
+        self.max_position = -1          # checked on the host by the caller (fill)
+        self.decode_rows = range(rows)
+        self.input_ids = buffers.token_ids[:rows][None]              # (1, rows)
+        self.positions = buffers.positions[:rows]
+        self.write_slots = buffers.write_slots[:rows]
+        self.decode_unit = buffers.block_size
+        self.decode_gather = buffers.block_tables[:rows, :blocks].reshape(-1)
+        width = blocks * buffers.block_size
+        self.decode_mask = (torch.arange(width, device=device)[None, :]
+                            < buffers.lengths[:rows, None])[:, None, None, :]
+        self.workspace = buffers.gathered[:, :rows * blocks]
