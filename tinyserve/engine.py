@@ -14,7 +14,10 @@ sampled where a sequence reached its end, timestamps, finish (stop token, ``max_
 the context window) and the blocks it returns. Two executors share this loop:
 :class:`ModelExecutor` runs the real model over a paged KV cache, and
 :class:`~tinyserve.simulator.SimulatedExecutor` charges a calibrated cost on a virtual
-clock, so scheduling experiments with thousands of requests take seconds.
+clock, so scheduling experiments with thousands of requests take seconds. On CUDA the
+model executor replays each pure-decode step (every row one token) as a CUDA graph
+(:class:`~tinyserve.cuda_graph.EngineGraphs`); ``EngineConfig(graph=True)`` runs that same
+static-buffer step eagerly on a CPU.
 """
 from __future__ import annotations
 
