@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import (check_build_source, check_named_mistakes, one_thread_kernels,  # noqa: F401
+from build_exercise_checks import (NAN, check_build_source, check_named_mistakes,  # noqa: F401
+                                   check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, copy_notebook, errors,
                              execute, exercise_paths, meta, needs_sandbox, run_blank_release,
@@ -231,6 +232,30 @@ def test_one_wrong_piece_costs_only_its_own_points(source, cell, wrong, failing)
     target.source = wrong
     execute(nb, SOURCE_DIR, allow_errors=True)
     assert set(errors(nb)) == failing
+
+
+# Every piece broken in turn, each way a learner's can break (it raises, returns NaN, a tensor
+# of the wrong shape or dtype, a list of the wrong type or length): only its own test cells
+# lose points, the later pieces being judged with the reference in its place. A dtype is
+# slipped where the notebook states one (float32 rope tables) only.
+PAIR_NAN = "tuple(torch.full_like(t, float('nan')) for t in out)"
+SLIPS = slips_of([
+    ("rms_norm", {"test_rms_norm"}, {"NaN": NAN, "shape": "out[None]"}),
+    ("rope_tables", {"test_rope_tables"}, {"NaN": PAIR_NAN, "shape": "tuple(t[:, None] for t in out)",
+                                           "dtype": "tuple(t.double() for t in out)"}),
+    ("apply_rotary", {"test_apply_rotary"}, {"NaN": NAN, "shape": "out[None]"}),
+    ("attention", {"test_attention_causal", "test_attention_gqa"}, {"NaN": NAN, "shape": "out.transpose(0, 1)"}),
+    ("swiglu_mlp", {"test_swiglu"}, {"NaN": NAN, "shape": "out[None]"}),
+    ("decoder_block", {"test_decoder_block"}, {"NaN": NAN, "shape": "out[None]"}),
+    ("forward", {"test_forward"}, {"NaN": NAN, "shape": "out.squeeze()"}),
+    ("generate_no_cache", {"test_generate"}, {"length": "out[:-1]", "type": "tuple(out)"}),
+])
+
+
+@pytest.mark.parametrize("mode", ["graded", "validate"])
+def test_one_slip_costs_one_piece(source, mode):
+    """Graded as grading does (hidden tests included) and as Validate does (visible only)."""
+    check_one_slip_costs_one_piece(source, SOURCE_DIR, TEST_POINTS, ANSWER_CELLS, SLIPS, mode)
 
 
 # ------------------------------------------------------------------ end to end, sandboxed
