@@ -79,7 +79,7 @@ def test_quantizer_rejects_integers() -> None:
 
 # ------------------------------------------------------------------ int8 linear layers
 
-@pytest.mark.parametrize("kernel", ["scale_after", "int8pack"])
+@pytest.mark.parametrize("kernel", ["scale_after", "int8pack", "compiled", "auto"])
 @pytest.mark.parametrize("batch_shape", [(1,), (3, 5)])
 def test_every_kernel_equals_the_dequantize_then_matmul_reference(kernel, batch_shape) -> None:
     g = torch.Generator().manual_seed(2)
@@ -125,7 +125,7 @@ def test_kernels_agree_on_a_whole_model() -> None:
     ids = torch.tensor([random_prompt(SMALL.vocab_size, 20, seed=3)])
     with torch.no_grad():
         ref = quantize_model(model, kernel="reference")(ids)
-        for kernel in ("scale_after", "int8pack"):
+        for kernel in ("scale_after", "int8pack", "auto"):
             torch.testing.assert_close(quantize_model(model, kernel=kernel)(ids), ref,
                                        rtol=1e-4, atol=1e-3)
 

@@ -11,15 +11,25 @@ zeros exactly; 1 avoids a division by zero).
 
 **Weights** (:class:`Int8Linear`): 1 byte per weight plus 4 bytes per output channel,
 against 4 bytes per weight in fp32. Activations stay in the model's dtype ("weight-only"),
-so the matmul runs in float. Three ways to compute it, all tested equal, and a fourth that
+so the matmul runs in float. Four ways to compute it, all tested equal, and a fifth that
 trades accuracy for speed, tested within a stated bound:
 
 - ``reference``: dequantize the weight, then ``F.linear``: the plain definition;
-- ``scale_after`` (default): ``F.linear(x, q) * s``. A row's scale multiplies every term of
+- ``scale_after``: ``F.linear(x, q) * s``. A row's scale multiplies every term of
   that output's dot product, so it can be applied once to the result instead of to every
-  weight: the same number, fewer multiplies, and no float copy of the weight scaled first;
-- ``int8pack``: PyTorch's fused CPU kernel ``aten._weight_int8pack_mm(x, q, s)``, which
-  computes ``x @ q.T * s`` without materialising a float weight;
+  weight: the same number, fewer multiplies, and no float copy of the weight scaled first.
+  Eagerly, ``q`` is still cast to a float copy each call: more bytes than a bf16 weight;
+- ``int8pack``: PyTorch's fused kernel ``aten._weight_int8pack_mm(x, q, s)``, which
+  computes ``x @ q.T * s`` without materialising a float weight (CPU; some builds register
+  one for CUDA too, ``aten/src/ATen/native/cuda/int8mm.cu``);
+- ``compiled``: ``scale_after`` through ``torch.compile`` with coordinate-descent tuning.
+  For a one-row input inductor rewrites the matmul as a multiply-and-sum
+  (``torch/_inductor/decomposition.py``, ``mm``) and fuses the cast into that reduction:
+  the kernel reads int8. With more rows it calls cuBLAS on a cast copy, as eager does;
+- ``auto`` (default): ``scale_after`` on a CPU (the course's numbers), and on CUDA a path
+  that reads int8 in the matmul: ``int8pack`` where this torch build has a CUDA kernel for
+  it (probed once per device and dtype with a tiny tensor), else ``compiled``, else a clear
+  error naming the options;
 - ``fbgemm`` (CPU only): the fast one. **Not weight-only**: W8A8 dynamic. It is what
   ``torch.ao.nn.quantized.dynamic.Linear`` runs (``quantized::linear_dynamic`` over FBGEMM):
   each call also quantizes the *activations* to 8-bit integers, with one affine scale and zero
@@ -66,13 +76,18 @@ from .kv_cache import KVCache
 from .model import TinyLlama
 
 QMAX = 127  # symmetric int8 grid: -127..127
-KERNELS = ("reference", "scale_after", "int8pack", "fbgemm")
+KERNELS = ("reference", "scale_after", "int8pack", "fbgemm", "compiled", "auto")
 KERNEL_NOTES = {
     "reference": "dequantize the weight, then F.linear (the plain definition)",
     "scale_after": "F.linear(x, q) * s: int8 values cast to float, one scale per output after",
-    "int8pack": "aten._weight_int8pack_mm: PyTorch's fused CPU kernel, weight-only, float x int8",
+    "int8pack": "aten._weight_int8pack_mm: PyTorch's fused kernel (CPU; CUDA where the build "
+                "has one), weight-only, float x int8",
     "fbgemm": "quantized::linear_dynamic (FBGEMM, CPU): W8A8 dynamic, activations quantized "
               "per call to 7 bits, int8 x int8 -> int32; fast, not weight-only",
+    "compiled": "scale_after through torch.compile: one-row steps read int8 in a fused "
+                "reduction (inductor); more rows use cuBLAS on a cast copy",
+    "auto": "scale_after on the CPU; on CUDA int8pack if this build has a CUDA kernel for it, "
+            "else compiled (chosen once per device and dtype)",
 }
 # The message PyTorch attaches to its (deprecated) quantized-tensor constructors; building the
 # per-channel qint8 weight that quantized::linear_prepack takes is the only way into the
@@ -112,6 +127,89 @@ def fbgemm_prepack(qweight: Tensor, scale: Tensor) -> torch.ScriptObject:
         torch.backends.quantized.engine = previous
 
 
+# ------------------------------------------------------------ the int8 kernel on CUDA
+
+_CUDA_CHOICE: dict[tuple[str, torch.dtype], str] = {}   # (device, dtype) -> kernel, once each
+
+
+def scale_after(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
+    """``F.linear(x, q) * s`` (int8 values are exact in fp32, bf16 and fp16)."""
+    return F.linear(x, qweight.to(x.dtype)) * scale.to(x.dtype)
+
+
+_compiled: list = []   # the torch.compile'd scale_after, made on first use
+
+
+def compiled_scale_after(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
+    """:func:`scale_after` through ``torch.compile`` (one compiled function for every layer:
+    dynamo marks sizes that change dynamic, and specialises a one-row input, whose matmul
+    coordinate-descent tuning lets inductor decompose into a reduction that reads int8).
+    Inside a model being compiled it is the plain expression: the outer compile fuses it."""
+    if torch.compiler.is_compiling():
+        return scale_after(x, qweight, scale)
+    if not _compiled:
+        _compiled.append(torch.compile(scale_after,
+                                       options={"coordinate_descent_tuning": True}))
+    return _compiled[0](x, qweight, scale)
+
+
+def int8pack_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``aten._weight_int8pack_mm`` runs on ``device`` for ``dtype`` activations and
+    gives ``x @ q.T * s``: tried on a tiny tensor (a build without a kernel for the device
+    raises; one with a kernel for other dtypes raises too)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 64, generator=g).to(device, dtype)
+    q = torch.randint(-QMAX, QMAX + 1, (8, 64), generator=g, dtype=torch.int8).to(device)
+    s = (torch.rand(8, generator=g) + 0.5).to(device)
+    want = F.linear(x.float(), q.float()) * s
+    try:
+        got = torch.ops.aten._weight_int8pack_mm(x, q, s.to(dtype)).float()
+        return got.shape == want.shape and bool(
+            torch.allclose(got, want, rtol=1e-2, atol=1e-2 * float(want.abs().max())))
+    except (RuntimeError, NotImplementedError):   # no kernel here, or no values to compare
+        return False
+
+
+def compiler_available(device: torch.device) -> bool:
+    """Whether ``torch.compile`` can generate kernels for ``device`` (Triton on CUDA)."""
+    if device.type != "cuda":
+        return True
+    try:
+        from torch.utils._triton import has_triton
+    except ImportError:
+        return False
+    return bool(has_triton())
+
+
+def choose_cuda_kernel(int8pack: bool, compiler: bool, device: str = "cuda") -> str:
+    """The kernel ``auto`` runs on a CUDA device: one that reads int8 in the matmul."""
+    if int8pack:
+        return "int8pack"
+    if compiler:
+        return "compiled"
+    raise RuntimeError(
+        f"no int8 kernel that reads int8 weights on {device}: this torch build has no CUDA "
+        f"kernel for aten._weight_int8pack_mm and torch.compile has no Triton to compile "
+        f"scale_after with; install Triton (pip install triton), or pass kernel='scale_after' "
+        f"(a float copy of every weight each step) or run the float model")
+
+
+def cuda_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
+    """:func:`choose_cuda_kernel` for ``device`` and ``dtype``, probed once and remembered.
+    The probe runs a kernel and reads its result back, so it must not run inside CUDA-graph
+    capture: the graph decoder's warm-up steps run it first."""
+    device = torch.device(device)
+    key = (str(device), dtype)
+    if key not in _CUDA_CHOICE:
+        if (device.type == "cuda" and torch.cuda.is_available()
+                and torch.cuda.is_current_stream_capturing()):
+            raise RuntimeError("the int8 kernel is chosen on the first step on a device; run "
+                               "one step eagerly before capturing a CUDA graph")
+        _CUDA_CHOICE[key] = choose_cuda_kernel(int8pack_runs(device, dtype),
+                                               compiler_available(device), str(device))
+    return _CUDA_CHOICE[key]
+
+
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """int8 values (shape of ``x``) and fp32 scales (``x.shape[:-1]``): one scale per row
     along the last dimension. ``|x - dequantize_rows(q, s)| <= s / 2`` element-wise."""
@@ -138,7 +236,7 @@ def quantize_per_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
 class Int8Linear(nn.Module):
     """A bias-free linear layer whose weight (out, in) is int8 with one scale per output."""
 
-    def __init__(self, qweight: Tensor, scale: Tensor, kernel: str = "scale_after") -> None:
+    def __init__(self, qweight: Tensor, scale: Tensor, kernel: str = "auto") -> None:
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
@@ -164,7 +262,7 @@ class Int8Linear(nn.Module):
         return {**state, "_packed": None}  # a cache: copies and pickles repack on first use
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kernel: str = "scale_after") -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, kernel: str = "auto") -> "Int8Linear":
         if linear.bias is not None:
             raise ValueError("Int8Linear covers the model's bias-free projections only")
         q, s = quantize_rows(linear.weight.detach())
@@ -173,17 +271,34 @@ class Int8Linear(nn.Module):
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
         return dequantize_rows(self.qweight, self.scale, dtype)
 
+    def kernel_for(self, x: Tensor) -> str:
+        """The kernel that multiplies ``x``: ``auto`` is ``scale_after`` off CUDA and
+        :func:`cuda_kernel`'s choice on CUDA (where a model being compiled gets the plain
+        ``scale_after`` expression, which the compiler fuses)."""
+        if self.kernel != "auto":
+            return self.kernel
+        if x.device.type != "cuda" or torch.compiler.is_compiling():
+            return "scale_after"
+        return cuda_kernel(x.device, x.dtype)
+
     def forward(self, x: Tensor) -> Tensor:
-        if self.kernel == "reference":
+        kernel = self.kernel_for(x)
+        if kernel == "reference":
             return F.linear(x, self.dequantized_weight(x.dtype))
-        if self.kernel == "scale_after":
-            # int8 values are exact in fp32, bf16 and fp16 (8 significant bits suffice).
-            return F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+        if kernel == "scale_after":
+            return scale_after(x, self.qweight, self.scale)
+        if kernel == "compiled":
+            return compiled_scale_after(x, self.qweight, self.scale)
         dtype = x.dtype
-        if x.device.type != "cpu":
-            raise RuntimeError(f"the {self.kernel} kernel is a PyTorch CPU kernel; use kernel="
-                               "'scale_after' on other devices")
-        if self.kernel == "fbgemm":
+        if x.device.type != "cpu" and not (kernel == "int8pack" and x.device.type == "cuda"):
+            raise RuntimeError(f"the {kernel} kernel is a PyTorch CPU kernel; use kernel="
+                               "'auto' or 'scale_after' on other devices")
+        if kernel == "int8pack" and x.device.type == "cuda" and \
+                cuda_kernel(x.device, x.dtype) != "int8pack":
+            raise RuntimeError(f"this torch build has no CUDA kernel for "
+                               f"aten._weight_int8pack_mm ({x.dtype}); use kernel='auto' or "
+                               f"'compiled' on CUDA")
+        if kernel == "fbgemm":
             # W8A8 dynamic: the activations are quantized here too (see the module docstring).
             # The kernel takes one scale for the whole input; dividing each row (token) by its
             # largest |x| first, and multiplying its output back (exact: the layer is linear),
@@ -228,13 +343,15 @@ class QuantizedTinyLlama(TinyLlama):
         return self.model.norm.weight.dtype
 
 
-def quantize_model(model: TinyLlama, *, kernel: str = "scale_after",
+def quantize_model(model: TinyLlama, *, kernel: str = "auto",
                    embeddings: bool = True) -> QuantizedTinyLlama:
     """A new model whose linear layers hold int8 weights; ``model`` is left untouched.
 
     ``kernel`` picks how every int8 linear layer, the tied LM head included, multiplies (see
     ``KERNEL_NOTES``): ``quantize_model(model, kernel="fbgemm")`` is the fast CPU path (W8A8
-    dynamic); ``scale_after`` (the default) runs on any device.
+    dynamic); ``auto`` (the default) is ``scale_after`` on a CPU and, on CUDA, a kernel that
+    reads int8 in the matmul (``int8pack`` where the build has one, else ``compiled``),
+    chosen at the first step on each device.
 
     Norm gains stay in float (a few hundred numbers). The tied embedding / LM head is
     quantized once, per token row, and shared (see the module docstring); with
