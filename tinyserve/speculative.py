@@ -28,10 +28,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from .compiled import window_for
+from .device import upload
 from .generate import check_prompt, decode_step, extend, prefill
 from .kv_cache import KVCache
 from .model import TinyLlama
 from .sampling import SamplingParams, top_k_filter, top_p_filter
+from .spec_graphs import StaticPasses, static_passes
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SpecStats", "SpeculativeDecoder",
            "accept_greedy", "accept_sampled", "probs_for", "speculative_generate",
@@ -155,29 +158,60 @@ class ModelDrafter:
 
     It runs on the plain decode path's step code (:func:`~tinyserve.generate.extend` and
     :func:`~tinyserve.generate.decode_step`, in inference mode), so a draft pass costs
-    what the cost model's measured draft pass costs."""
+    what the cost model's measured draft pass costs. ``graph`` (default: on CUDA) runs the
+    same passes on static buffers (:mod:`tinyserve.spec_graphs`), replayed as CUDA graphs
+    of widths 1 and 2 (the catch-up); on a CPU ``graph=True`` runs them eagerly."""
 
-    def __init__(self, model: TinyLlama) -> None:
+    #: Pass widths on static buffers: one-token draft steps and the catch-up of 1 or 2.
+    WIDTHS = (1, 2)
+
+    def __init__(self, model: TinyLlama, *, graph: bool | None = None) -> None:
         self.model = model
+        self.graph = model.device.type == "cuda" if graph is None else graph
         self.cache: KVCache | None = None
+        self.passes: StaticPasses | None = None
 
     def start(self, prompt_ids: list[int], max_total: int) -> None:
+        if self.graph:
+            if self.passes is not None:
+                self.passes.release()
+            self.passes = static_passes(self.model, max_total, self.WIDTHS)
+            self.passes.reset()
+            if len(prompt_ids) > 1:
+                self.passes.prefill(upload(prompt_ids[:-1], self.model.device)[None])
+            return
         self.cache = KVCache.for_model(self.model, 1, max_total)
         if len(prompt_ids) > 1:  # hold all but the last token, like the target's cache
             ids = torch.tensor([prompt_ids[:-1]], device=self.model.device)
             # Nothing is read from this pass: score one position, not the whole prompt.
             prefill(self.model, ids, self.cache, logits_at=torch.tensor([0], device=ids.device))
 
+    def _held(self) -> int:
+        """Positions the draft's cache holds (the host's count)."""
+        if self.passes is not None:
+            return self.passes.length
+        assert self.cache is not None, "call start() first"
+        return self.cache.lengths[0]
+
+    def _pass(self, tokens: Tensor) -> Tensor:
+        """The draft model over ``tokens`` (1, w) after what its cache holds: the last
+        position's logits (1, V). The plain path is decoding's own step code."""
+        if self.passes is not None:
+            for i in range(0, tokens.shape[1] - 2, 2):   # a longer catch-up: in pieces
+                self.passes.feed(tokens[:, i:i + 2])
+            return self.passes.feed(tokens[:, -(tokens.shape[1] % 2 or 2):])[-1:]
+        if tokens.shape[1] == 1:
+            return decode_step(self.model, tokens[:, 0], None, self.cache)
+        return extend(self.model, tokens, None, self.cache)[:, -1]
+
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
-        assert self.cache is not None, "call start() first"
         if k == 0:
             return [], None
-        device, have = self.model.device, self.cache.lengths[0]
+        device, have = self.model.device, self._held()
         # Catch up on committed tokens the cache lacks: 1, or 2 after a fully accepted step.
         # Positions from the cache's host length (``positions=None``): nothing read back.
-        feed = torch.tensor([context[have:]], device=device)
-        logits = extend(self.model, feed, None, self.cache)[:, -1]      # (1, V)
+        logits = self._pass(upload(context[have:], device)[None])      # (1, V)
         greedy = sampling.temperature == 0
         drafts: list[Tensor] = []
         probs: list[Tensor] = []
@@ -191,15 +225,17 @@ class ModelDrafter:
                 drafts.append(torch.multinomial(q, 1, generator=generator)[:, 0])
                 token = drafts[-1].to(device)
             if i < k - 1:  # the last guess is never fed: the verify pass scores it
-                logits = decode_step(self.model, token, None, self.cache)  # at len(context) + i
+                logits = self._pass(token[:, None])          # at len(context) + i
         tokens = torch.cat(drafts).tolist()          # greedy: the one device read of the draft
         return tokens, (None if greedy else torch.stack(probs))
 
     def commit(self, n_committed: int) -> None:
-        assert self.cache is not None
         keep = n_committed - 1
-        if keep < self.cache.lengths[0]:  # after a fully accepted step there is nothing to drop
-            self.cache.rewind([keep])
+        if keep < self._held():  # after a fully accepted step there is nothing to drop
+            if self.passes is not None:
+                self.passes.rewind(keep)     # the host's count: the masks follow positions
+            else:
+                self.cache.rewind([keep])    # type: ignore[union-attr]
 
 
 class NGramDrafter:
@@ -283,29 +319,45 @@ class SpecStats:
 
 
 class SpeculativeDecoder:
-    """Batch-1 speculative decoding, step by step (``speculative_generate`` drives it)."""
+    """Batch-1 speculative decoding, step by step (``speculative_generate`` drives it).
+
+    ``graph`` (default: on CUDA) runs the target's passes on static buffers
+    (:mod:`tinyserve.spec_graphs`), the verify pass replayed as one CUDA graph per width
+    (k + 1, or fewer when fewer drafts come); on a CPU ``graph=True`` runs the same passes
+    eagerly. Call :meth:`release` when done (``speculative_generate`` does)."""
 
     def __init__(self, target: TinyLlama, drafter: Drafter, k: int,
-                 sampling: SamplingParams = SamplingParams()) -> None:
+                 sampling: SamplingParams = SamplingParams(), *,
+                 graph: bool | None = None) -> None:
         if k < 1:
             raise ValueError(f"k (draft tokens per step) must be at least 1, got {k}")
         self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
+        self.graph = target.device.type == "cuda" if graph is None else graph
         self.generator = sampling.generator()
         self.stats = SpecStats()
         self.context: list[int] = []
         self.cache: KVCache | None = None
+        self.passes: StaticPasses | None = None
 
     @torch.no_grad()  # the model passes run in inference mode; this covers any drafter
     def prefill(self, prompt_ids: list[int], max_total: int) -> int:
         """Run the prompt, sample the first token; both caches then hold the prompt."""
         device = self.target.device
-        self.cache = KVCache.for_model(self.target, 1, max_total)
         self.drafter.start(prompt_ids, max_total)
-        ids = torch.tensor([prompt_ids], device=device)
-        # Plain decoding's prefill: the vocabulary is scored at the last position only.
-        last = torch.tensor([len(prompt_ids) - 1], device=device)
-        logits = prefill(self.target, ids, self.cache, logits_at=last)
-        first = self._pick(logits[0], [], None)[0]
+        ids = upload(prompt_ids, device)[None]
+        if self.graph:
+            self.release()
+            # Verify passes of 1 to k + 1 tokens: fewer drafts come at the budget's end
+            # (and from an n-gram drafter), each width its own graph.
+            self.passes = static_passes(self.target, max_total, range(1, self.k + 2))
+            self.passes.reset()
+            logits = self.passes.prefill(ids)
+        else:
+            self.cache = KVCache.for_model(self.target, 1, max_total)
+            # Plain decoding's prefill: the vocabulary is scored at the last position only.
+            last = torch.tensor([len(prompt_ids) - 1], device=device)
+            logits = prefill(self.target, ids, self.cache, logits_at=last)[0]
+        first = self._pick(logits, [], None)[0]
         self.context = list(prompt_ids) + [first]
         return first
 
@@ -314,14 +366,26 @@ class SpeculativeDecoder:
             return accept_greedy(draft, logits.argmax(-1).tolist())
         return accept_sampled(draft, probs_for(logits, self.sampling), q, self.generator)
 
+    def release(self) -> None:
+        """Hand the static buffers (graph path) back for another request."""
+        if self.passes is not None:
+            self.passes.release()
+            self.passes = None
+
     @torch.no_grad()
     def step(self, k: int) -> list[int]:
         """Draft up to k tokens, verify them in one target pass; return the new tokens."""
-        assert self.cache is not None, "call prefill() first"
+        assert self.cache is not None or self.passes is not None, "call prefill() first"
+        if k > self.k and self.passes is not None:   # its verify widths stop at k + 1
+            raise ValueError(f"this decoder's static buffers verify at most k={self.k} "
+                             f"drafts a step, got {k}: make it with a larger k")
         draft, q = self.drafter.propose(self.context, k, self.sampling, self.generator)
         # Right after the cache's len(context) - 1 tokens; positions from its host length.
-        feed = torch.tensor([self.context[-1:] + draft], device=self.target.device)
-        logits = extend(self.target, feed, None, self.cache)[0]     # (len(draft) + 1, V)
+        feed = upload(self.context[-1:] + draft, self.target.device)[None]
+        if self.passes is not None:
+            logits = self.passes.feed(feed)                         # (len(draft) + 1, V)
+        else:
+            logits = extend(self.target, feed, None, self.cache)[0]
         new = self._pick(logits, draft, q)
         self.stats.proposed += len(draft)
         self.stats.accepted += len(new) - 1
@@ -331,7 +395,10 @@ class SpeculativeDecoder:
         # Keep all but the last committed token: drop the rejected drafts' keys and values
         # (none when every draft was accepted: the bonus token is the one not yet fed).
         if len(new) <= len(draft):
-            self.cache.rewind([len(self.context) - 1])
+            if self.passes is not None:
+                self.passes.rewind(len(self.context) - 1)   # the host's count only
+            else:
+                self.cache.rewind([len(self.context) - 1])  # type: ignore[union-attr]
         self.drafter.commit(len(self.context))
         return new
 
@@ -339,18 +406,24 @@ class SpeculativeDecoder:
 def speculative_generate(target: TinyLlama, drafter: Drafter, prompt_ids: list[int],
                          max_tokens: int, *, k: int = 4,
                          sampling: SamplingParams = SamplingParams(),
-                         stop_ids: tuple[int, ...] = ()) -> tuple[list[int], SpecStats]:
+                         stop_ids: tuple[int, ...] = (),
+                         graph: bool | None = None) -> tuple[list[int], SpecStats]:
     """Up to ``max_tokens`` new tokens (stopping after a stop token, or at the context window,
-    like ``generate``) and the request's :class:`SpecStats`."""
+    like ``generate``) and the request's :class:`SpecStats`. ``graph``: the target's passes
+    on static buffers, CUDA graphs on a GPU (the default there; see
+    :class:`SpeculativeDecoder`); the drafter chooses its own (:class:`ModelDrafter`)."""
     window = target.config.max_position_embeddings
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
-    dec = SpeculativeDecoder(target, drafter, k, sampling)
-    out = [dec.prefill(prompt_ids, len(prompt_ids) + steps)]
-    while out[-1] not in stop_ids and len(out) < steps:
-        # A step emits up to k + 1 tokens: never draft past the budget (or the window).
-        new = dec.step(min(k, steps - len(out) - 1))
-        stop = next((i for i, t in enumerate(new) if t in stop_ids), len(new) - 1)
-        out += new[:stop + 1]  # nothing after a stop token (the budget is never overrun)
-        dec.stats.emitted.append(stop + 1)
+    dec = SpeculativeDecoder(target, drafter, k, sampling, graph=graph)
+    try:
+        out = [dec.prefill(prompt_ids, len(prompt_ids) + steps)]
+        while out[-1] not in stop_ids and len(out) < steps:
+            # A step emits up to k + 1 tokens: never draft past the budget (or the window).
+            new = dec.step(min(k, steps - len(out) - 1))
+            stop = next((i for i, t in enumerate(new) if t in stop_ids), len(new) - 1)
+            out += new[:stop + 1]  # nothing after a stop token (the budget is never overrun)
+            dec.stats.emitted.append(stop + 1)
+    finally:
+        dec.release()
     return out, dec.stats
