@@ -183,9 +183,9 @@ def test_a_generate_batch_step_reads_the_rows_tokens_once(model) -> None:
         assert out == generate_batch(model, prompts, 10, use_cache=False)
 
 
-def _spec_step_reads(model, drafter, k=4, steps=6):
+def _spec_step_reads(model, drafter, k=4, steps=6, graph=None):
     from tinyserve.speculative import SpeculativeDecoder
-    dec = SpeculativeDecoder(model, drafter, k)
+    dec = SpeculativeDecoder(model, drafter, k, graph=graph)
     prompt = _prompts(8)[0] * 2                      # repeats: the n-gram drafter finds them
     dec.prefill(prompt, len(prompt) + steps * (k + 1) + 2)
     counts = []
@@ -222,3 +222,19 @@ def test_a_sampled_speculative_step_moves_each_distribution_to_the_host_once(mod
             assert len(to_host) <= q_reads + 1, reads.where     # the q's and p
             assert len(to_host) <= spec_sampled_device_reads(k)
             assert reads.count <= 2 * k + 6, reads.where
+
+
+def test_a_speculative_step_on_static_buffers_reads_as_the_plain_one(model) -> None:
+    """The draft and verify passes on the static buffers a CUDA graph replays (run eagerly
+    here, graph=True): positions copied in from the host's count, a rewind the host's count
+    only, so a step reads what the plain step reads, and gives its tokens."""
+    from tinyserve.generate import generate
+    from tinyserve.speculative import ModelDrafter, NGramDrafter
+    draft = sharp_model(CFG, seed=4)
+    for drafter, most in ((ModelDrafter(draft, graph=True), SPEC_GREEDY_READS),
+                          (NGramDrafter(max_n=3, min_n=1), SPEC_NGRAM_READS)):
+        tokens, counts = _spec_step_reads(model, drafter, graph=True)
+        for reads, where in counts:
+            assert reads <= most, where
+        prompt = _prompts(8)[0] * 2
+        assert tokens == generate(model, prompt, len(tokens), use_cache=False).tokens
