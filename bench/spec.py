@@ -9,7 +9,9 @@ output before any figure is reported. Times are, per prompt, the fastest of 5 ru
 and speculative alternating (see ``paired_seconds``), summed over the prompts.
 
 Then the cost model behind the figures: the time of one target pass over 1 token (decode)
-and over k + 1 tokens (verify), and of one draft pass, at batch sizes 1 to 64. The predicted
+and over k + 1 tokens (verify), and of one draft pass, at batch sizes 1 to 64. The k draft
+passes of a step are priced as they run: k - 1 one-token steps and a catch-up pass that
+feeds 2 tokens after a step that kept all k drafts (probability a^k), 1 otherwise. The predicted
 speed-up is ``E[tokens per pass] / (k * draft + verify)`` in units of one decode pass, with
 E = (1 - a^(k+1)) / (1 - a). At batch 1 a verify pass costs about one decode pass; as the
 batch grows the pass stops being overhead-bound and verifying k extra tokens per row costs
@@ -314,12 +316,18 @@ def cost_model(env: dict[str, Any], results: dict[str, dict[str, float]],
     sweep = []
     for b in (1, 2) if quick else (1, 4, 16, 32, 64):
         t_cost = pass_costs(target, b, widths, context, 3 if quick else 21)
-        d_cost = pass_costs(draft, b, [1], context, 3 if quick else 21)[1]
-        entry: dict[str, Any] = {"batch": b, "decode_ms": t_cost[1], "draft_ms": d_cost,
+        d_cost = pass_costs(draft, b, [1, 2], context, 3 if quick else 21)
+        entry: dict[str, Any] = {"batch": b, "decode_ms": t_cost[1], "draft_ms": d_cost[1],
+                                 "draft_catchup2_ms": d_cost[2],
                                  "verify_ms": {k: t_cost[k + 1] for k in KS}}
+        # The k draft passes as ModelDrafter runs them: k - 1 one-token steps and a catch-up
+        # that feeds 2 tokens after a step that accepted all k drafts (probability a^k: the
+        # last guess was never fed), 1 otherwise.
+        a = results["spec_k4"]["acceptance_prob"]
+        entry["spec_draft_pass_ms_k4"] = 4 * d_cost[1] + a ** 4 * (d_cost[2] - d_cost[1])
         for name in ("spec", "ngram"):
             a = results[f"{name}_k4"]["acceptance_prob"]
-            c_draft = d_cost / t_cost[1] if name == "spec" else 0.0
+            c_draft = entry["spec_draft_pass_ms_k4"] / (4 * t_cost[1]) if name == "spec" else 0.0
             entry[f"{name}_predicted_speedup_k4"] = predicted_speedup(
                 a, 4, c_draft, t_cost[5] / t_cost[1])
         sweep.append(entry)
@@ -343,7 +351,7 @@ def formula_check(results: dict[str, dict[str, float]], batch1: dict[str, Any],
     for name in ("spec", "ngram"):
         r, q = results[f"{name}_k4"], parts[name]
         predicted = batch1[f"{name}_predicted_speedup_k4"]
-        draft_ms = 4 * batch1["draft_ms"] if name == "spec" else 0.0
+        draft_ms = batch1["spec_draft_pass_ms_k4"] if name == "spec" else 0.0
         formula_ms = batch1["verify_ms"][4] + draft_ms
         n, ms = q["passes"], lambda seconds: 1e3 * seconds / q["passes"]
         spec_decode = q["total"] - q["target_prefill"] - q["draft_prefill"]
