@@ -154,8 +154,8 @@ class StaticPasses:
 
     @torch.inference_mode()
     def feed(self, tokens: Tensor) -> Tensor:
-        """Feed ``tokens`` (1, w) right after the ``length`` positions held; return their
-        logits (w, vocab), a tensor of the caller's. Positions come from the host's count."""
+        """Feed ``tokens`` (1, w) (or (w,)) right after the ``length`` positions held; return
+        their logits (w, vocab), a tensor of the caller's. Positions: the host's count."""
         w = tokens.shape[-1]
         if w not in self.tokens:
             raise ValueError(f"no static buffers for a pass of {w} tokens (widths "

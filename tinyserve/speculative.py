@@ -193,16 +193,21 @@ class ModelDrafter:
         assert self.cache is not None, "call start() first"
         return self.cache.lengths[0]
 
-    def _pass(self, tokens: Tensor) -> Tensor:
+    def _catch_up(self, tokens: Tensor) -> Tensor:
         """The draft model over ``tokens`` (1, w) after what its cache holds: the last
-        position's logits (1, V). The plain path is decoding's own step code."""
-        if self.passes is not None:
-            for i in range(0, tokens.shape[1] - 2, 2):   # a longer catch-up: in pieces
-                self.passes.feed(tokens[:, i:i + 2])
-            return self.passes.feed(tokens[:, -(tokens.shape[1] % 2 or 2):])[-1:]
-        if tokens.shape[1] == 1:
-            return decode_step(self.model, tokens[:, 0], None, self.cache)
-        return extend(self.model, tokens, None, self.cache)[:, -1]
+        position's logits (1, V)."""
+        if self.passes is None:
+            return extend(self.model, tokens, None, self.cache)[:, -1]
+        for i in range(0, tokens.shape[1] - 2, 2):   # longer than the widths: in pieces
+            self.passes.feed(tokens[:, i:i + 2])
+        return self.passes.feed(tokens[:, -(tokens.shape[1] % 2 or 2):])[-1:]
+
+    def _step(self, token: Tensor) -> Tensor:
+        """One draft step: ``token`` (1,) fed after what the cache holds, plain decoding's
+        step (or its static-buffer twin); its logits (1, V)."""
+        if self.passes is None:
+            return decode_step(self.model, token, None, self.cache)
+        return self.passes.feed(token)
 
     def propose(self, context: list[int], k: int, sampling: SamplingParams,
                 generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
@@ -211,7 +216,7 @@ class ModelDrafter:
         device, have = self.model.device, self._held()
         # Catch up on committed tokens the cache lacks: 1, or 2 after a fully accepted step.
         # Positions from the cache's host length (``positions=None``): nothing read back.
-        logits = self._pass(upload(context[have:], device)[None])      # (1, V)
+        logits = self._catch_up(upload(context[have:], device)[None])  # (1, V)
         greedy = sampling.temperature == 0
         drafts: list[Tensor] = []
         probs: list[Tensor] = []
@@ -225,7 +230,7 @@ class ModelDrafter:
                 drafts.append(torch.multinomial(q, 1, generator=generator)[:, 0])
                 token = drafts[-1].to(device)
             if i < k - 1:  # the last guess is never fed: the verify pass scores it
-                logits = self._pass(token[:, None])          # at len(context) + i
+                logits = self._step(token)                   # at len(context) + i
         tokens = torch.cat(drafts).tolist()          # greedy: the one device read of the draft
         return tokens, (None if greedy else torch.stack(probs))
 
