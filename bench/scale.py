@@ -214,24 +214,36 @@ def long_context(model: TinyLlama, context: int, rounds: int) -> dict[str, float
 
 @torch.no_grad()
 def int8_vs_fp32(model: TinyLlama, prompt: torch.Tensor, n: int, repeats: int) -> dict[str, Any]:
-    """Batch-1 eager decode step, fp32 against int8 weights through fbgemm's kernel (whole
-    model: every linear and the tied LM head), measured back to back. On a device without
-    the kernel: the reason, no figure."""
-    from tinyserve.quant import quantize_model, weight_bytes
-    if model.device.type != "cpu":
-        return {"skipped": f"fbgemm's int8 kernel runs on the CPU only; on {model.device} int8 "
-                           f"weights would go through scale_after, which casts every weight to "
-                           f"float each step (it does not read int8 in the matmul)"}
+    """Batch-1 eager decode step, the float model against int8 weights (whole model: every
+    linear and the tied LM head), measured back to back. On the CPU through fbgemm's kernel;
+    on CUDA through ``auto``'s choice, and each CUDA kernel that reads int8 in the matmul
+    (int8pack where this torch has it, compiled scale_after) timed too, so a GPU run says
+    which ``auto`` should prefer. (The ``fp32_ms`` key is the float model: bf16 on CUDA.)
+    On a device without a kernel: the reason, no figure."""
+    from tinyserve.quant import cuda_kernel, quantize_model, weight_bytes
+    cpu = model.device.type == "cpu"
     try:
-        q = quantize_model(model, kernel="fbgemm")
+        kernel = "fbgemm" if cpu else cuda_kernel(model.device, model.dtype)
+        q = quantize_model(model, kernel=kernel)
     except (ValueError, RuntimeError) as err:
         return {"skipped": str(err)}
     fp32 = eager_step_seconds(model, prompt, n, repeats)
     int8 = eager_step_seconds(q, prompt, n, repeats)
     fp32_again = eager_step_seconds(model, prompt, n, repeats)   # the machine may have moved
-    out = {"fp32_ms": 1e3 * min(fp32, fp32_again), "int8_ms": 1e3 * int8,
+    out = {"fp32_ms": 1e3 * min(fp32, fp32_again), "int8_ms": 1e3 * int8, "kernel": kernel,
+           "float_dtype": str(model.dtype).removeprefix("torch."),
            "fp32_weight_bytes": weight_bytes(model), "int8_weight_bytes": weight_bytes(q)}
     del q
+    if not cpu:
+        for other in ("int8pack", "compiled"):
+            if other == kernel:
+                continue
+            try:
+                alt = quantize_model(model, kernel=other)
+                out[f"{other}_ms"] = 1e3 * eager_step_seconds(alt, prompt, n, repeats)
+                del alt
+            except (ValueError, RuntimeError) as err:
+                out[f"{other}_skipped"] = str(err)[:200]
     gc.collect()
     return out
 
