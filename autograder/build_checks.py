@@ -199,10 +199,21 @@ def check_own(problems: object, piece: str) -> None:
                   f"write the piece with torch operations.")
 
 
+def dtype_message(got: torch.dtype, want: torch.dtype) -> str:
+    """What a result of the wrong floating dtype is told: which came back, which was expected
+    and where such a dtype usually comes from."""
+    return (f"returned {got}, expected {want} (the dtype of its input): a {got} table or constant "
+            f"made it so (.double(), torch.tensor(..., dtype={got}), a NumPy array turned into a "
+            f"tensor); keep the computation in {want}")
+
+
 def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
-                 atol: float = 1e-5, rtol: float = 1e-4, what: str = "the reference") -> None:
+                 atol: float = 1e-5, rtol: float = 1e-4, what: str = "the reference",
+                 same_dtype: bool = False) -> None:
     """``got`` is a tensor of ``want``'s shape and device, close to it; if not, the message
-    names the first mistake in ``mistakes`` ((tensor a known slip gives, why) pairs) it matches."""
+    names the first mistake in ``mistakes`` ((tensor a known slip gives, why) pairs) it matches.
+    ``same_dtype``: it must also have ``want``'s dtype (where the notebook states it), checked
+    before the values, so a float64 result is named rather than compared."""
     shape = tuple(getattr(got, "shape", ()))
     squeezed = type(got) is _Tensor and tuple(n for n in shape if n != 1) == tuple(
         n for n in want.shape if n != 1)
@@ -210,6 +221,8 @@ def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),
           message=f"expected a tensor of shape {tuple(want.shape)}, got {type(got).__name__} {shape}" + (
               ": a dimension of size 1 was dropped or added (a .squeeze() breaks a single token)"
               if squeezed else ""))
+    if same_dtype:
+        check(got.dtype == want.dtype, name=name, message=dtype_message(got.dtype, want.dtype))
     # Compared on the reference's device: a trusted runner receives tensors on the CPU.
     got32, want32 = got.detach().to(want.device).float(), want.float()
     ok = bool(_allclose(got32, want32, atol=atol, rtol=rtol))

@@ -6,7 +6,8 @@ classic mistakes, no points for a piece that calls or copies tinyserve, one wron
 only its own points, and sandboxed grading.
 
 What the notebook stresses, and the visible case that holds it (issue 26): eps on near-zero
-vectors (rms_norm), float32 rope tables, a query at position 40 over 41 cached keys (the mask
+vectors (rms_norm), float32 results (the rope tables and every float piece: a float64 one is
+named) and int tokens, a query at position 40 over 41 cached keys (the mask
 compares positions), one token through forward and a one-token prompt (no .squeeze()), the
 loop's two stops (the window, the end token), an rms_norm that leaves its input alone. A piece
 whose earlier piece raises, gives NaN or the wrong shape is judged with build_checks' reference
@@ -127,6 +128,26 @@ RMS_IN_PLACE = ("def rms_norm(x, weight, eps):\n"
                 "    x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))\n"
                 "    return x * weight")
 
+# A float piece whose result comes back float64 (issue 26): a float64 constant or a computation
+# "in double for precision"; and tokens that are floats, equal to the ints yet not token ids.
+F64 = "returned torch.float64, expected torch.float32"
+RMS_FLOAT64 = RMS.format(dim=-1, eps=" + eps").replace("x.pow(2)", "x.double().pow(2)")
+ROTARY_FLOAT64 = ("def apply_rotary(x, cos, sin):\n"
+                  "    x, half = x.double(), x.shape[-1] // 2\n"
+                  "    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin")
+ATTN_FLOAT64 = ATTN.format(**GOOD_ATTN).replace(  # scores "in double for precision"
+    "    g = q.shape", "    q, k, v = q.double(), k.double(), v.double()\n    g = q.shape")
+SWIGLU_FLOAT64 = ("def swiglu_mlp(x, g, u, d):\n"
+                  "    x, g, u, d = (t.double() for t in (x, g, u, d))\n"
+                  "    return (torch.nn.functional.silu(x @ g.T) * (x @ u.T)) @ d.T")
+BLOCK_FLOAT64 = ("_solution_block = decoder_block\n"
+                 "def decoder_block(x, positions, w, cfg):\n"
+                 "    return _solution_block(x, positions, w, cfg).to(torch.float64)")
+FORWARD_FLOAT64 = FORWARD.format(out="(rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T).double()")
+GENERATE_FLOATS = ("_solution_generate = generate_no_cache\n"
+                   "def generate_no_cache(p, n, w, c):\n"
+                   "    return [float(t) for t in _solution_generate(p, n, w, c)]")
+
 # (test cell, code a learner might write in its place, a fragment the failure must contain;
 # None: with this earlier piece wrong, the test cell must pass)
 MISTAKES = [
@@ -176,6 +197,15 @@ MISTAKES = [
      "_solution_generate = generate_no_cache\n"
      "def generate_no_cache(p, n, w, c):\n    return list(p) + _solution_generate(p, n, w, c)",
      "returns the prompt too"),
+    # A float64 result or float tokens: the dtype or type is named before any value is compared.
+    ("test_rms_norm", RMS_FLOAT64, F64),
+    ("test_apply_rotary", ROTARY_FLOAT64, F64),
+    ("test_attention_causal", ATTN_FLOAT64, F64),
+    ("test_attention_gqa", ATTN_FLOAT64, F64),
+    ("test_swiglu", SWIGLU_FLOAT64, F64),
+    ("test_decoder_block", BLOCK_FLOAT64, F64),
+    ("test_forward", FORWARD_FLOAT64, F64),
+    ("test_generate", GENERATE_FLOATS, "got a list holding float"),
     # Calling or copying the reference earns nothing for the piece, with the reason.
     ("test_rms_norm",
      "from tinyserve.model import RMSNorm\n"
@@ -237,18 +267,20 @@ def test_one_wrong_piece_costs_only_its_own_points(source, cell, wrong, failing)
 # Every piece broken in turn, each way a learner's can break (it raises, returns NaN, a tensor
 # of the wrong shape or dtype, a list of the wrong type or length): only its own test cells
 # lose points, the later pieces being judged with the reference in its place. A dtype is
-# slipped where the notebook states one (float32 rope tables) only.
+# slipped where the notebook states one: float32 for every float piece, ints for the tokens.
 PAIR_NAN = "tuple(torch.full_like(t, float('nan')) for t in out)"
 SLIPS = slips_of([
-    ("rms_norm", {"test_rms_norm"}, {"NaN": NAN, "shape": "out[None]"}),
+    ("rms_norm", {"test_rms_norm"}, {"NaN": NAN, "shape": "out[None]", "dtype": "out.double()"}),
     ("rope_tables", {"test_rope_tables"}, {"NaN": PAIR_NAN, "shape": "tuple(t[:, None] for t in out)",
                                            "dtype": "tuple(t.double() for t in out)"}),
-    ("apply_rotary", {"test_apply_rotary"}, {"NaN": NAN, "shape": "out[None]"}),
-    ("attention", {"test_attention_causal", "test_attention_gqa"}, {"NaN": NAN, "shape": "out.transpose(0, 1)"}),
-    ("swiglu_mlp", {"test_swiglu"}, {"NaN": NAN, "shape": "out[None]"}),
-    ("decoder_block", {"test_decoder_block"}, {"NaN": NAN, "shape": "out[None]"}),
-    ("forward", {"test_forward"}, {"NaN": NAN, "shape": "out.squeeze()"}),
-    ("generate_no_cache", {"test_generate"}, {"length": "out[:-1]", "type": "tuple(out)"}),
+    ("apply_rotary", {"test_apply_rotary"}, {"NaN": NAN, "shape": "out[None]", "dtype": "out.double()"}),
+    ("attention", {"test_attention_causal", "test_attention_gqa"},
+     {"NaN": NAN, "shape": "out.transpose(0, 1)", "dtype": "out.double()"}),
+    ("swiglu_mlp", {"test_swiglu"}, {"NaN": NAN, "shape": "out[None]", "dtype": "out.double()"}),
+    ("decoder_block", {"test_decoder_block"}, {"NaN": NAN, "shape": "out[None]", "dtype": "out.double()"}),
+    ("forward", {"test_forward"}, {"NaN": NAN, "shape": "out.squeeze()", "dtype": "out.double()"}),
+    ("generate_no_cache", {"test_generate"}, {"length": "out[:-1]", "type": "tuple(out)",
+                                              "floats": "[float(t) for t in out]"}),
 ])
 
 
