@@ -114,3 +114,23 @@ def test_divergence_raises_or_is_recorded(target, draft):
     lenient = ReplayDrafter(draft, wrong, 1.0, strict=False)
     out, _ = speculative_generate(target, lenient, prompt, 20)
     assert out == script and lenient.diverged_at == 3
+
+
+def test_on_static_buffers_the_replay_pays_the_same_passes_for_the_same_output(target, draft):
+    """graph=True (the CUDA default, eager on a CPU): the draft's catch-up and steps on the
+    static buffers a CUDA graph replays, the same widths per step, the same tokens and
+    acceptance as on the plain cache."""
+    prompt = random_prompt(TARGET.vocab_size, 7, seed=0)
+    script = greedy_script(target, prompt, 30)
+    runs = []
+    for graph in (False, True):
+        calls: list[int] = []
+        hook = draft.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[1]))
+        try:
+            out, stats = speculative_generate(
+                target, ReplayDrafter(draft, script, 0.6, seed=3, graph=graph), prompt, 30,
+                k=4, graph=graph)
+        finally:
+            hook.remove()
+        runs.append((out, stats.emitted, calls[1:]))   # the first call: the draft's prefill
+    assert runs[0] == runs[1] and runs[0][0] == script
