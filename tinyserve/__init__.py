@@ -40,6 +40,7 @@ Cheaper tokens (chapters 6-8)
                     for the ranks, ``timing`` for the chapter's and ``bench parallel``'s runs
     speculative     draft-model and n-gram speculative decoding, rejection sampling
     draft_replay    a drafter for timing speculation at scale: real draft passes, a set acceptance
+    spec_graphs     speculation's draft and verify passes on static buffers (CUDA graphs on a GPU)
 
 Serving (chapter 9)
     serving/        ``server`` (the OpenAI-compatible app), ``async_engine`` (the step loop
