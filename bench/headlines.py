@@ -115,7 +115,8 @@ def _spec_measured_vs_predicted(report: dict[str, Any]) -> float | None:
 
 
 _ENGINE = ("tinyserve/engine.py", "tinyserve/scheduler.py", "tinyserve/block_manager.py",
-           "tinyserve/paged.py", "tinyserve/sequence.py", "tinyserve/model.py")
+           "tinyserve/paged.py", "tinyserve/sequence.py", "tinyserve/model.py",
+           "tinyserve/cuda_graph.py")
 _STEP = ("tinyserve/generate.py", "tinyserve/kv_cache.py", "tinyserve/model.py")
 _COST_MODEL = ("tinyserve/simulator.py", "tinyserve/assets/cost_model.json")
 #: What bench scale times: the suite, the scale model and the code each of its figures runs.
@@ -167,7 +168,8 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("tp2_allreduce_share", fmt="{:.0%}", better="lower"),
         Headline("tp2_speedup_prefill"),
         Headline("pp_bubble_measured", fmt="{:.2f}", better="lower"))),
-    SuiteHeadlines("spec", ("bench/spec.py", "tinyserve/speculative.py", *_STEP), (
+    SuiteHeadlines("spec", ("bench/spec.py", "tinyserve/speculative.py",
+                                "tinyserve/spec_graphs.py", *_STEP), (
         Headline("spec_speedup_k4", goal=Goal("at_least", 1.5)),                 # issue 31
         Headline("spec_measured_vs_predicted_k4", fmt="{:.2f}",                  # issue 31
                  goal=Goal("at_least", 0.85), value=_spec_measured_vs_predicted),

@@ -28,6 +28,7 @@ buffers are static. :class:`~tinyserve.speculative.ModelDrafter` and
 """
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from .compiled import StaticKVCache, window_for
 from .config import ModelConfig
-from .cuda_graph import GraphDecoder, shared_pool
+from .cuda_graph import record, weight_addresses
 from .device import upload
 from .kv_cache import CacheFullError
 from .model import TinyLlama
@@ -109,28 +110,19 @@ class StaticPasses:
         for w in self.widths:
             self.tokens[w].fill_(self.model.config.pad_token_id)
             self.cache.positions[w].copy_(torch.arange(self.window - w, self.window)[None])
-            stream = torch.cuda.Stream(self.device)   # warm-up off the capturing stream
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._forward(w)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=shared_pool(self.device)):
-                self._outs[w] = self._forward(w)
-            self.graphs[w] = graph
+            self.graphs[w], self._outs[w] = record(functools.partial(self._forward, w),
+                                                   self.device)
             self.captures += 1
-        torch.cuda.synchronize(self.device)
         # The weights' addresses the graphs read, as the decode graph checks them.
-        self._captured_from = GraphDecoder._weights(self)  # type: ignore[arg-type]
+        self._captured_from = weight_addresses(self.model)
         self.capture_seconds = time.perf_counter() - start
 
     @torch.inference_mode()
     def reset(self) -> None:
         """A new request: the cache empty (length 0). The first one, and one after the
         model's weights moved, captures every width first (on CUDA)."""
-        if self.capture and (not self.graphs or self._captured_from !=
-                             GraphDecoder._weights(self)):  # type: ignore[arg-type]
+        if self.capture and (not self.graphs or
+                             self._captured_from != weight_addresses(self.model)):
             self._capture_all()
         self.length = 0
 
