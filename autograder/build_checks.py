@@ -202,9 +202,9 @@ def check_own(problems: object, piece: str) -> None:
 def dtype_message(got: torch.dtype, want: torch.dtype) -> str:
     """What a result of the wrong floating dtype is told: which came back, which was expected
     and where such a dtype usually comes from."""
-    return (f"returned {got}, expected {want} (the dtype of its input): a {got} table or constant "
-            f"made it so (.double(), torch.tensor(..., dtype={got}), a NumPy array turned into a "
-            f"tensor); keep the computation in {want}")
+    return (f"returned {got}, expected {want} (the dtype of the tensors it is given): a {got} "
+            f"table or constant made it so (.double(), torch.tensor(..., dtype={got}), a NumPy "
+            f"array turned into a tensor); keep the computation in {want}")
 
 
 def check_tensor(got: object, want: Tensor, *, name: str, mistakes: tuple = (),

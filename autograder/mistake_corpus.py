@@ -52,6 +52,27 @@ BUILD_MODEL = [
     M("no stop at the context window", "generate",
       (('while len(new) < max_new_tokens and len(ids) < cfg["max_position_embeddings"]:',
         "while len(new) < max_new_tokens:"),), ("test_generate",)),
+    # A float64 result ("in double for precision", a float64 constant) and float tokens.
+    M("RMSNorm computed in float64", "rms_norm", ((EPS, 'x.double().pow(2).mean(dim=-1, keepdim=True) + eps)'),),
+      ("test_rms_norm",)),
+    M("rotary applied in float64", "rope",
+      (("return x * cos + rotated_half * sin", "return x.double() * cos + rotated_half * sin"),),
+      ("test_apply_rotary",)),
+    M("attention computed in float64", "attention",
+      (("    group = q.shape[0] // k.shape[0]\n",
+        "    q, k, v = q.double(), k.double(), v.double()\n    group = q.shape[0] // k.shape[0]\n"),), ATTN),
+    M("SwiGLU computed in float64", "swiglu",
+      (("    return (torch.nn.functional.silu(",
+        "    x, w_gate, w_up, w_down = (t.double() for t in (x, w_gate, w_up, w_down))\n"
+        "    return (torch.nn.functional.silu("),), ("test_swiglu",)),
+    M("decoder block returns float64", "block", (("    return h + swiglu_mlp(", "    return h.double() + swiglu_mlp("),),
+      ("test_decoder_block",)),
+    M("logits in float64", "forward",
+      (('return rms_norm(x, weights["model.norm.weight"], cfg["rms_norm_eps"]) @ embed.T',
+        'return (rms_norm(x, weights["model.norm.weight"], cfg["rms_norm_eps"]) @ embed.T).double()'),),
+      ("test_forward",)),
+    M("tokens returned as floats", "generate", (("new.append(token)", "new.append(float(token))"),),
+      ("test_generate",)),
 ]
 
 BUILD_KV_CACHE = [
