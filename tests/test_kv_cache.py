@@ -184,3 +184,22 @@ def test_a_maskless_batched_decode_step_equals_recompute(model: TinyLlama) -> No
     with torch.no_grad():
         slow = model(torch.cat([prompts, tokens[:, None]], 1))[:, -1]
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+
+
+def test_a_planned_multi_token_step_writes_a_slice_equal_to_the_indexed_write(
+        model: TinyLlama) -> None:
+    """A verify pass (several tokens, every row at the same length, positions from the
+    cache's plan) is copied into a slice of slots; explicit positions take the indexed
+    write. Both leave the same keys and values and give the same logits."""
+    from tinyserve.generate import extend
+    ids = torch.tensor([_prompt(9, seed=3), _prompt(9, seed=4)])
+    planned, explicit = KVCache.for_model(model, 2, 16), KVCache.for_model(model, 2, 16)
+    for cache in (planned, explicit):
+        prefill(model, ids[:, :4], cache)
+    a = extend(model, ids[:, 4:], None, planned)
+    assert isinstance(planned._write, slice) and planned._write == slice(4, 9)
+    b = extend(model, ids[:, 4:], torch.arange(4, 9).expand(2, 5), explicit)
+    assert not isinstance(explicit._write, slice)
+    assert torch.equal(planned.k, explicit.k) and torch.equal(planned.v, explicit.v)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert planned.lengths == explicit.lengths == [9, 9]

@@ -146,7 +146,8 @@ class KVCache:
             raise ValueError("nothing to write: the step has no tokens")
         B, T = positions.shape
         planned, self._planned = self._planned, None
-        if planned is not None and planned[0] is positions:
+        from_plan = planned is not None and planned[0] is positions
+        if from_plan:
             first = planned[1]                        # known on the host: nothing to read
             last = [lo + T - 1 for lo in first]
         else:   # positions from the caller: one read for both ends of every row
@@ -167,8 +168,10 @@ class KVCache:
         # tensor operations per step saved; the model reads ``None`` as "all visible").
         appending = T == 1 and len(set(first)) == 1 and all(n == first[0] for n in self.lengths)
         self.lengths = [max(n, hi + 1) for n, hi in zip(self.lengths, last)]
-        if T == 1 and len(set(first)) == 1:  # every row writes the same slot: a plain copy
-            self._write = slice(first[0], first[0] + 1)
+        # Every row writes the same run of slots (one token, or planned positions, which are
+        # consecutive): a plain copy into a slice instead of an indexed write.
+        if (T == 1 or from_plan) and len(set(first)) == 1:
+            self._write = slice(first[0], first[0] + T)
         else:
             self._write = (torch.arange(B, device=positions.device)[:, None].expand(B, T),
                            positions)
