@@ -108,7 +108,12 @@ def apply_rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tenso
     Both rotate by the same angles, so they are rotated as one (B, heads + kv_heads, T, d)
     tensor: cat, the four rotary operations, split (six operator calls, five kernels) instead
     of eight of each, and the same numbers element by element (tested against two calls).
+    Under ``torch.compile`` the two are rotated apart: the compiler fuses each rotation
+    into one kernel anyway, and the cat costs it a copy (the compiled CPU decode step of
+    the target measured ~1.5 ms with the cat against ~1.1 ms without).
     """
+    if torch.compiler.is_compiling():
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     qk = apply_rope(torch.cat([q, k], dim=1), cos, sin)
     return qk.split([q.shape[1], k.shape[1]], dim=1)
 
