@@ -197,9 +197,6 @@ class GraphDecoder:
         """The step itself: the static tokens at the static positions (B, vocab)."""
         return self.model(self.tokens[:, None], None, self.cache)[:, -1]
 
-    def _weights(self) -> tuple:
-        return weight_addresses(self.model)
-
     def _park(self) -> None:
         """Every row at the window's last slot: what a padding row (and the warm-up and
         capture) writes there is overwritten by a real row before that row can see it."""
@@ -209,9 +206,8 @@ class GraphDecoder:
     def _capture(self) -> None:
         start = time.perf_counter()
         self._park()
-        self.graph = self._out = None
         self.graph, self._out = record(self._forward, self.device)
-        self._captured_from = self._weights()
+        self._captured_from = weight_addresses(self.model)
         self.captures += 1
         self.capture_seconds = time.perf_counter() - start
 
@@ -241,7 +237,7 @@ class GraphDecoder:
         finally:
             self.cache.prefilling = False
         logits = logits[torch.arange(self.batch_size, device=self.device), which][:B]
-        if self.capture and (self.graph is None or self._captured_from != self._weights()):
+        if self.capture and (self.graph is None or self._captured_from != weight_addresses(self.model)):
             self._capture()
         return logits
 
@@ -311,8 +307,9 @@ class EngineGraphs:
     one graph serves every mix of lengths up to the window. The window is the longest
     context rounded up to a power of two from 64 (:func:`~tinyserve.compiled.window_for`),
     as in the compiled step: gathering the whole context window would read far more keys
-    than short requests hold. Graphs are captured on first use (under a second each), into
-    the device's shared pool; the logits land in one static buffer ``logits``.
+    than short requests hold. Graphs are captured on first use, into the device's shared
+    pool (the time each took is kept in ``capture_seconds``); the logits land in one static
+    buffer ``logits``.
 
     With ``capture=False`` (the default where CUDA is absent) the very same step runs
     eagerly on the same buffers: that is how the buckets, the padding and the buffers are
