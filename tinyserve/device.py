@@ -51,16 +51,6 @@ def upload(values: list[int] | list[float], device: torch.device | str,
     can be dropped at once. On the CPU the tensor is already where it belongs.
     """
     device = torch.device(device)
-    return _staged(values, dtype, device).to(device, non_blocking=True)
-
-
-def upload_into(dst: Tensor, values: list[int] | list[float]) -> None:
-    """``values`` copied into ``dst`` (contiguous, reshaped to its shape) in place, the way
-    :func:`upload` copies: from pinned memory on CUDA, without the host waiting. For
-    buffers that must keep their address (a CUDA graph reads them)."""
-    dst.copy_(_staged(values, dst.dtype, dst.device).view(dst.shape), non_blocking=True)
-
-
-def _staged(values: list[int] | list[float], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """The host tensor a copy to ``device`` starts from: page-locked when that is CUDA."""
-    return torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

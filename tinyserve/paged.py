@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import ModelConfig
-from .device import upload, upload_into
+from .device import upload
 
 
 @dataclass(frozen=True)
@@ -312,6 +312,16 @@ class PagedKVCache:
         return self._gathered[:numel]
 
 
+def _copy_in(dst: Tensor, values: list[int]) -> None:
+    """``values`` into ``dst`` (contiguous, int64) in one copy: on CUDA from pinned memory,
+    queued without waiting (torch's pinned-memory cache keeps the source until it ran)."""
+    if dst.device.type != "cuda":
+        dst.copy_(torch.tensor(values, dtype=dst.dtype).view(dst.shape))
+        return
+    src = torch.tensor(values, dtype=dst.dtype, pin_memory=True).view(dst.shape)
+    dst.copy_(src, non_blocking=True)
+
+
 class DecodeBuffers:
     """The static inputs of the engine's pure-decode steps, for up to ``max_rows`` rows of
     up to ``max_blocks`` blocks each: made once, refilled in place every step, so a CUDA
@@ -345,7 +355,7 @@ class DecodeBuffers:
 
     def park(self) -> None:
         """Every row a padding row (what a graph is warmed up and captured on)."""
-        upload_into(self.packed, self._padding * self.max_rows)
+        _copy_in(self.packed, self._padding * self.max_rows)
 
     def fill(self, token_ids: Sequence[int], positions: Sequence[int],
              tables: Sequence[Sequence[int]], rows: int) -> None:
@@ -361,7 +371,7 @@ class DecodeBuffers:
             values += [token, pos, table[pos // bs] * bs + pos % bs, pos + 1]
             values += list(table[:need]) + [self.scratch] * (most - need)
         values += self._padding * (rows - len(positions))
-        upload_into(self.packed[:rows], values)
+        _copy_in(self.packed[:rows], values)
 
 
 class DecodeLayout:
