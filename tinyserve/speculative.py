@@ -28,6 +28,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from .compiled import window_for
 from .device import upload
 from .generate import check_prompt, decode_step, extend, prefill
 from .kv_cache import KVCache
