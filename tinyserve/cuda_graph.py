@@ -197,6 +197,9 @@ class GraphDecoder:
         """The step itself: the static tokens at the static positions (B, vocab)."""
         return self.model(self.tokens[:, None], None, self.cache)[:, -1]
 
+    def _weights(self) -> tuple:
+        return weight_addresses(self.model)
+
     def _park(self) -> None:
         """Every row at the window's last slot: what a padding row (and the warm-up and
         capture) writes there is overwritten by a real row before that row can see it."""
@@ -206,8 +209,9 @@ class GraphDecoder:
     def _capture(self) -> None:
         start = time.perf_counter()
         self._park()
+        self.graph = self._out = None
         self.graph, self._out = record(self._forward, self.device)
-        self._captured_from = weight_addresses(self.model)
+        self._captured_from = self._weights()
         self.captures += 1
         self.capture_seconds = time.perf_counter() - start
 
@@ -237,7 +241,7 @@ class GraphDecoder:
         finally:
             self.cache.prefilling = False
         logits = logits[torch.arange(self.batch_size, device=self.device), which][:B]
-        if self.capture and (self.graph is None or self._captured_from != weight_addresses(self.model)):
+        if self.capture and (self.graph is None or self._captured_from != self._weights()):
             self._capture()
         return logits
 
