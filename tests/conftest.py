@@ -33,6 +33,34 @@ def random_prompt(vocab_size: int, n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, vocab_size, (n,), generator=g).tolist()
 
 
+@pytest.fixture
+def sdpa_efficient_layout():  # -> Iterator[sdpa_layout.EfficientLayoutSDPA]
+    """Every SDPA call in the test returns the memory-efficient kernel's layout (what CUDA
+    returns for a masked or fp32 call; tests/sdpa_layout.py)."""
+    from sdpa_layout import efficient_layout
+    with efficient_layout() as fake:
+        yield fake
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from sdpa_layout import ENV
+    value = os.environ.get(ENV, "")
+    if value not in ("", "efficient"):
+        raise pytest.UsageError(f"{ENV}={value!r}: the only layout it imposes is 'efficient' "
+                                f"(unset it for the kernels' own layouts)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sdpa_layout_switch():
+    """``TINYSERVE_SDPA_LAYOUT=efficient`` imposes that layout on the whole run."""
+    from sdpa_layout import ENV, efficient_layout
+    if not os.environ.get(ENV):
+        yield
+        return
+    with efficient_layout():
+        yield
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # GPU tests are collected everywhere and skipped, with the reason, where CUDA is absent.
     if torch.cuda.is_available():

@@ -239,8 +239,12 @@ class Attention(nn.Module):
         # KV head become n_rep * T query rows of that one head. (B, kv, n_rep * T, head_dim)
         q = q.reshape(B, self.n_kv, n_rep * T, self.head_dim)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        out = out.view(B, self.n_heads, T, self.head_dim)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        # Back to (B, T, heads * head_dim) without assuming SDPA's output strides: CUDA's
+        # memory-efficient kernel returns a (B, rows, kv, head_dim) buffer seen transposed,
+        # where .view(B, heads, T, head_dim) fails. Splitting one dim is a view in any
+        # layout; the reshape copies once. (tests/test_sdpa_layout.py imposes that layout.)
+        out = out.unflatten(2, (n_rep, T))                    # (B, kv, n_rep, T, head_dim)
+        return self.o_proj(out.permute(0, 3, 1, 2, 4).reshape(B, T, self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
