@@ -206,8 +206,114 @@ class _WithState:
         self.value, self.target = value, target
 
 
+class _Withheld:
+    """What a read-only cell bound that the kernel of a build assignment never holds (the
+    reference, the tests' helpers): using it raises, naming it and what to do instead."""
+
+    __slots__ = ("_name", "_what")
+
+    def __init__(self, name: str, what: str) -> None:
+        object.__setattr__(self, "_name", str(name)[:80])
+        object.__setattr__(self, "_what", str(what)[:120])
+
+    def _refuse(self, *_args, **_kwargs):
+        raise NameError(f"`{self._name}` ({self._what}) belongs to the grader: at grading your "
+                        "kernel holds your code, torch and the data the notebook gives, never "
+                        "the reference; write this with torch", name=self._name)
+
+    __call__ = __getattr__ = __getitem__ = __iter__ = __len__ = _refuse
+
+    def __setattr__(self, name: str, value) -> None:
+        self._refuse()
+
+    def __repr__(self) -> str:
+        return f"<withheld at grading: {self._name}>"
+
+
+# The modules of autograder a kernel may import: this end of the channel, its format, and the
+# helpers the notebooks import before any answer runs. Everything else is the grader's.
+KERNEL_MODULES = frozenset({"autograder", "autograder.agent", "autograder.wire",
+                            "autograder.testkit", "autograder.kernel_boot",
+                            "autograder.kernel_helpers"})
+
+
+class _NoReference:
+    """A finder first on ``sys.meta_path``: tinyserve and the grader's own modules cannot be
+    imported. At grading their files are not even in the sandbox; on a learner's machine
+    (Validate) this gives the same verdict, with a message that says why."""
+
+    def __init__(self, packages: tuple[str, ...]) -> None:
+        self.packages = packages
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in self.packages or (top == "autograder" and name not in KERNEL_MODULES):
+            raise ModuleNotFoundError(
+                f"{name} is not in this kernel: a build assignment is graded with your code, "
+                "torch and the data the notebook gives, never the reference; write the piece "
+                "with torch", name=name)
+        return None
+
+
+def withhold_reference(packages: tuple[str, ...] = ("tinyserve",)) -> None:
+    """Make tinyserve and the grader's modules unimportable here, and forget any loaded."""
+    if not any(isinstance(f, _NoReference) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoReference(tuple(packages)))
+    for name in list(sys.modules):
+        top = name.split(".")[0]
+        if top in packages or (top == "autograder" and name not in KERNEL_MODULES):
+            del sys.modules[name]
+
+
+def _bind(req: dict) -> None:
+    """What a read-only cell bound, published to the learner's namespace (it ran on the
+    trusted side only): library objects by import path, data by value, the tests' lent
+    call-backs, the cell's own plain helpers by their source, and a placeholder for the rest."""
+    import importlib
+    ns = _user_ns()
+    field = lambda key: _decoder.decode(req.get(key, {"$d": []}))  # noqa: E731
+    for name, (module, attr) in dict(field("imports")).items():
+        value = importlib.import_module(str(module))
+        for part in str(attr).split(".") if attr else ():
+            value = getattr(value, part)
+        ns[str(name)] = value
+    for name, what in dict(field("withheld")).items():
+        ns[str(name)] = _Withheld(name, what)
+    values = field("values")
+    if type(values) is dict:
+        ns.update({str(k): v for k, v in values.items()})
+    for name, source in dict(field("sources")).items():
+        exec(compile(str(source), f"<read-only cell: {str(name)[:40]}>", "exec"), ns)
+
+
+def _call_with(target, req: dict):
+    """``call``, with names of the function's module bound for this call only (the tests'
+    lent pieces in place of the learner's own), and the arguments sent back after it when
+    asked (a piece that changes its inputs in place shows it)."""
+    args = _decoder.decode(req.get("args", []))
+    kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
+    bound = _decoder.decode(req["bind"]) if "bind" in req else {}
+    scope = getattr(getattr(target, "func", target), "__globals__", None)
+    if bound and not isinstance(scope, dict):
+        raise TypeError("expected a function defined in the notebook")
+    saved = {n: scope[n] for n in bound if n in scope} if bound else {}
+    try:
+        if bound:
+            scope.update(bound)
+        result = target(*args, **kwargs)
+    finally:
+        for name in bound:
+            scope.pop(name, None)
+        if bound:
+            scope.update(saved)
+    return [result, args] if req.get("args_back") is True else result
+
+
 def _apply(req: dict):
     op = req["op"]
+    if op == "bind":
+        _bind(req)
+        return None
     if op == "name":
         value = _user_ns().get(req["name"], _MISSING)
         return {"$missing": True} if value is _MISSING else value
@@ -224,9 +330,7 @@ def _apply(req: dict):
         return helper(*args, **kwargs)
     target = _lookup(req["ref"])
     if op == "call":
-        args = _decoder.decode(req.get("args", []))
-        kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
-        return target(*args, **kwargs)
+        return _call_with(target, req)
     if op == "map":
         # Many calls of one function in one request (a seeded distribution test's trials):
         # the first exception ends it, as it would end the tests' own loop.

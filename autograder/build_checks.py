@@ -171,13 +171,23 @@ def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
     of ``fn`` and, given ``args``, calls ``fn(*args)`` once more with tinyserve unavailable."""
     runner = _trusted_runner()
     if runner is not None:
-        from autograder.own_source import problems
+        from autograder.own_source import problems, review_notes
         name = runner.ns.name_of(fn)
         if name is None:
             return [] if not callable(fn) else ["is not a function of your cells"]
         found = problems(runner.student_sources, name, pieces, runner.ns, banned,
                          frozenset(_REFERENCE_LINES))
-        return [f"{'; '.join(found)[:300]}"] if found else []
+        if not getattr(runner, "publishes", False):
+            return [f"{'; '.join(found)[:300]}"] if found else []
+        found += review_notes(runner.student_sources, name)
+        # The kernel holds no reference: a piece that calls tinyserve fails on its own, so
+        # what the source shows is for review. Only a name the exercise bans (torch's own
+        # attention in the attention piece) still costs the piece.
+        docked = [p for p in found if _bans(p, banned)]
+        for p in found:
+            if p not in docked:
+                runner.flag(f"{name}: {p}")
+        return [f"{'; '.join(docked)[:300]}"] if docked else []
     uses = reference_uses(fn, pieces, banned)
     problems = [f"uses {', '.join(uses)[:300]}"] if uses else []
     if args is not None and not problems:
@@ -186,6 +196,53 @@ def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
             problems.append(f"stops working when tinyserve is unavailable "
                             f"({type(err).__name__}: {str(err)[:200]})")
     return problems
+
+
+def _bans(problem: str, banned: tuple[str, ...]) -> bool:
+    """A finding of own_source that names one of the exercise's banned names."""
+    return any(f"uses {b}" in problem or f"imports {b}" in problem for b in banned)
+
+
+def with_pieces(fn: object, pieces: dict, args: tuple | list, count: str | None = None,
+                lent: dict | None = None) -> tuple[object, list[int]]:
+    """``call_with_pieces`` wherever the test runs: at grading the learner's ``fn`` runs in
+    their kernel with the names in ``pieces`` bound, for that call only, to stand-ins of the
+    reference pieces, which run and count here (the kernel never holds them: each call of one
+    comes back here, and a stand-in kept from this call answers nothing later); elsewhere
+    (a plain run of the notebook) the call is local. ``count``: the batch sizes of the calls
+    of that piece, recorded here."""
+    runner = _trusted_runner()
+    if runner is None:
+        return call_with_pieces(fn, pieces, args, count, lent)
+    counter = None
+    bound = {name: _reference_piece(spec, runner.ns) for name, spec in dict(pieces).items()}
+    if count is not None:
+        if count not in bound:
+            raise ValueError("at grading only a reference piece's calls are counted")
+        counter = bound[count] = CallSizes(bound[count])
+    for obj in bound.values():
+        runner.channel.lend(obj, ("__call__",), ())
+    bound.update({str(k): v for k, v in dict(lent or {}).items()})
+    result = runner.channel.call_with(fn, list(args), bind=bound)
+    return result, (counter.sizes if counter is not None else [])
+
+
+def changed_inputs(fn: object, *args) -> list[int]:
+    """Which tensor arguments ``fn(*args)`` changed in place: at grading, read from the
+    arguments as the call left them, which the kernel sends back with the result (the call's
+    own behaviour, like its result); elsewhere by comparing with copies."""
+    runner = _trusted_runner()
+    if runner is None:
+        before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
+        fn(*args)  # type: ignore[operator]
+        return [i for i, (a, b) in enumerate(zip(args, before))
+                if b is not None and not torch.equal(a, b)]
+    _, after = runner.channel.call_with(fn, list(args), args_back=True)
+    if type(after) is not list or len(after) != len(args):
+        return list(range(len(args)))
+    return [i for i, (a, b) in enumerate(zip(args, after)) if isinstance(a, torch.Tensor)
+            and not (type(b) is _Tensor and b.shape == a.shape
+                     and torch.equal(b.to(a.device), a))]
 
 
 def check_own(problems: object, piece: str) -> None:

@@ -100,6 +100,11 @@ class KernelLost(BaseException):
     """The kernel died or ignored an interrupt during a call; no later call can succeed."""
 
 
+class GraderOverran(BaseException):
+    """The tests' own work, serving a call back of the learner's code, ran out of the cell's
+    time: the grader's limit, reported as the grader's, never the learner's."""
+
+
 def _cap(text: str, n: int = MESSAGE_CAP) -> str:
     text = str(text).encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= n else text[:n] + " [...]"
@@ -213,6 +218,11 @@ class Channel:
         self.read_only: set[int] = set()   # ids of what read-only cells bound: never written
         self._lent: dict[int, tuple] = {}        # number -> (object, methods, attributes)
         self._lent_numbers: dict[int, int] = {}  # id(object) -> number
+        # Call backs are served only to objects lent to the request running now (or published
+        # by a read-only cell): a stand-in kept from an earlier call answers nothing.
+        self._request_lent: set[int] = set()
+        self._published: set[int] = set()
+        self.call_backs = 0   # served, all requests together
         # Arguments of a call back are data only: a handle there would need a request of its
         # own while the kernel waits for the call back's answer.
         self._plain = Decoder(_no_handles, on_constant=self._constant_back)
@@ -220,19 +230,26 @@ class Channel:
         self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
     # encoding ------------------------------------------------------------------------------
-    def lend(self, obj, methods: tuple[str, ...], attributes: tuple[str, ...]):
+    def lend(self, obj, methods: tuple[str, ...], attributes: tuple[str, ...],
+             published: bool = False):
         """Lend ``obj`` (kept here) to the learner's code: it crosses as a stand-in whose
         ``methods`` and ``attributes`` are served from here, one call back each, so what the
-        object counts (its forward passes, say) is counted where the kernel cannot write."""
+        object counts (its forward passes, say) is counted where the kernel cannot write. It
+        answers during the requests that carry it; ``published`` (a read-only cell's own
+        helper, bound in the learner's namespace): during every request."""
         number = self._lent_numbers.setdefault(id(obj), len(self._lent) + 1)
         self._lent[number] = (obj, frozenset(methods), frozenset(attributes))
+        if published:
+            self._published.add(number)
         return obj
 
     def _encode_other(self, obj, depth):
         number = self._lent_numbers.get(id(obj))
         if number is not None and self._lent[number][0] is obj:
             _, methods, attributes = self._lent[number]
-            return {"$lent": [number, type(obj).__name__, sorted(methods), sorted(attributes)]}
+            self._request_lent.add(number)
+            kind = getattr(obj, "__name__", None) or type(obj).__name__
+            return {"$lent": [number, str(kind)[:60], sorted(methods), sorted(attributes)]}
         if type(obj) is Remote:
             if obj._ch is not self:
                 raise WireError("a handle from another kernel")
@@ -269,11 +286,36 @@ class Channel:
         finally:
             self._tags.clear()
 
+    def call_with(self, fn: "Remote", args: list, bind: dict | None = None,
+                  args_back: bool = False):
+        """``fn(*args)`` in the kernel, with the notebook names in ``bind`` bound for this call
+        only (to objects lent from here: the tests' reference pieces, served and counted on
+        this side); with ``args_back``, returns (result, the arguments after the call)."""
+        if type(fn) is not Remote or fn._ch is not self:
+            raise TypeError("expected a function of the learner's notebook")
+        fields: dict = {"ref": fn._ref, "args": list(args), "kwargs": {}}
+        if bind:
+            fields["bind"] = dict(bind)
+        if args_back:
+            fields["args_back"] = True
+        got = self.request("call", **fields)
+        if not args_back:
+            return got
+        if type(got) is not list or len(got) != 2:
+            raise StudentError("the kernel answered the call with something else")
+        return got[0], got[1]
+
+    def publish(self, imports: dict, withheld: dict, values: dict, sources: dict) -> None:
+        """Bind what a read-only cell bound (run here only) in the learner's namespace: see
+        ``autograder.publish``."""
+        self.request("bind", imports=imports, withheld=withheld, values=values, sources=sources)
+
     def _encode_request(self, op: str, fields: dict, rid: int) -> str:
         import json
         self._tags.clear()
+        self._request_lent = set()
         self.constants.begin()
-        encoded = {k: (v if k in ("ref", "name") else self._encoder.encode(v))
+        encoded = {k: (v if k in ("ref", "name", "args_back") else self._encoder.encode(v))
                    for k, v in fields.items()}
         return json.dumps({"op": op, "id": rid, **encoded}, separators=(",", ":"))
 
@@ -328,14 +370,21 @@ class Channel:
         import json
         try:
             number, name, args, kwargs = msg["cb"]
-            obj, methods, attributes = self._lent[int(number)]
+            number = int(number)
+            if number not in self._request_lent and number not in self._published:
+                raise RuntimeError("this object of the tests was lent to an earlier call, not "
+                                   "to this one: use what this call is given")
+            obj, methods, attributes = self._lent[number]
+            self.call_backs += 1
             if args is None and name in attributes:
                 value = getattr(obj, name)
             elif args is not None and name in methods:
                 args, kwargs = self._plain.decode(args), self._plain.decode(kwargs or {"$d": []})
                 if type(args) is not list or type(kwargs) is not dict:
                     raise WireError("malformed call back")
-                value = getattr(obj, name)(*args, **kwargs)
+                _check_size([args, kwargs])
+                with _deadline(self.deadline):
+                    value = getattr(obj, name)(*args, **kwargs)
             else:
                 raise AttributeError(f"{name!r} is not lent to your code")
             return '{"ok":' + self._encoder.dumps(value) + "}"
@@ -482,6 +531,60 @@ class Constants:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+# The most tensor elements one call back may pass: the tests' inputs are far smaller (the
+# shipped weights cross by number, not counted here), so a call past it is the learner's.
+CALL_BACK_ELEMENTS = 1 << 22
+
+
+def _check_size(value) -> None:
+    torch = sys.modules.get("torch")
+    total, todo = 0, [value]
+    while todo:
+        v = todo.pop()
+        if type(v) in (list, tuple):
+            todo.extend(v)
+        elif type(v) is dict:
+            todo.extend(v.values())
+        elif torch is not None and isinstance(v, torch.Tensor):
+            total += v.numel()
+    if total > CALL_BACK_ELEMENTS:
+        raise ValueError(f"your call passes {total:,} tensor elements to the tests' object; "
+                         f"the tests' inputs are far smaller (limit {CALL_BACK_ELEMENTS:,}): "
+                         "pass the tensors the test gave you")
+
+
+class _deadline:
+    """The tests' own work serving a call back stops at the cell's deadline: an alarm where
+    this is the main thread (a long loop of torch calls is stopped between two of them), a
+    check after the call elsewhere. Running out is the grader's limit (``GraderOverran``)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.alarm = False
+
+    def __enter__(self):
+        import signal
+        import threading
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise GraderOverran("the cell's time ran out before the tests could serve your call")
+        if left != float("inf") and threading.current_thread() is threading.main_thread():
+            def overran(*_):
+                raise GraderOverran("the tests' own work serving your call ran past the cell's time")
+            self.previous = signal.signal(signal.SIGALRM, overran)
+            signal.setitimer(signal.ITIMER_REAL, left)
+            self.alarm = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.alarm:
+            import signal
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+        if exc[0] is None and time.monotonic() > self.deadline:
+            raise GraderOverran("the tests' own work serving your call ran past the cell's time")
 
 
 def _no_handles(*_args):

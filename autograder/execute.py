@@ -23,6 +23,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
 ARM = "import autograder.testkit"
+WITHHOLD = "__import__('autograder.agent').agent.withhold_reference()"
 # Prepended to every test cell: re-import the helpers (undoing any rebinding) and check the
 # kernel for tampering before the test's own code runs.
 GUARD = ("from autograder.testkit import check_close, check_equal, check; "
@@ -93,6 +94,10 @@ class Plan:
     guarded: set[int] = field(default_factory=set)
     trusted_cwd: str | None = None
     stop_at_failure: bool = False
+    # A build assignment (``autograder.publish``): read-only cells run on the trusted side
+    # only and what they bind is published to the kernel, which cannot import tinyserve or
+    # the grader's modules; the kernel holds the learner's code, torch and data, no reference.
+    publish: bool = False
 
 
 def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
@@ -121,6 +126,8 @@ def run_notebook(nb: nbformat.NotebookNode, km: AsyncKernelManager, *, cwd: str,
             # Import the testkit before any submitted code, so it captures clean references.
             if not _probe(run.client, ARM, timeout=startup_timeout):
                 run.report.events.append("the grading helpers failed to load in the kernel")
+            if plan.publish and not _probe(run.client, WITHHOLD, timeout=startup_timeout):
+                run.report.events.append("the kernel could not be made to withhold the reference")
             if after_start is not None:
                 after_start()
             for index in run.code_cells:
@@ -169,6 +176,7 @@ class _Run:
                 template |= names_a_cell_binds(nb.cells[i].source)
             self.tests = TrustedRunner(self._exchange, cwd=plan.trusted_cwd or cwd,
                                        template_names=frozenset(template))
+            self.tests.publishes = plan.publish
         self._serving: str | None = None   # msg_id of the kernel's serving loop, if running
         self._idle: set = set()             # serving loops whose last output was read
 
@@ -192,6 +200,14 @@ class _Run:
             self._trusted(index, cell, timeout)
             self._stop_if_failed(index)
             return
+        if self.tests is not None and self.plan.publish and index in self.plan.both:
+            problem = self.tests.run_setup(cell, _label(cell, index), timeout, publish=True)
+            if problem:
+                self.report.events.append(problem)
+            self.report.cells[index] = CellResult("ok" if not problem else "error",
+                                                  "" if not problem else "ReadOnlyCellFailed",
+                                                  problem)
+            return
         result = self._in_kernel(index, cell, timeout)
         if index in self.plan.guarded:
             self._stop_if_failed(index)
@@ -200,7 +216,8 @@ class _Run:
         if index in self.plan.both:
             self._setup_here_too(index, cell, result)
         else:
-            self.tests.student_cell_ran(cell.source)
+            error = f"{result.ename}: {result.evalue}" if result.status == "error" else ""
+            self.tests.student_cell_ran(cell.source, error)
 
     def _setup_here_too(self, index: int, cell, result: CellResult) -> None:
         """A read-only cell is trusted code: it runs here whatever it did in the kernel, so
@@ -393,6 +410,7 @@ class _Run:
                 f"output over {self.client.output_limit // 10**6} MB was discarded")
         if self.tests is not None:
             self.report.channel_calls = self.tests.channel.calls
+            self.report.flags.extend(self.tests.review_flags)
         self.report.seconds = time.monotonic() - self.start
 
 

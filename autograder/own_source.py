@@ -66,9 +66,57 @@ def problems(sources: list[str], piece: str, pieces: tuple[str, ...], trusted: M
             todo.extend(read)
         elif name == piece:
             return []  # not defined: the piece's own tests say so
-        else:
+        elif not _star_imported(name, sources):
             found.extend(_outside_name(name, trusted, banned))
     return sorted(set(found))
+
+
+def _star_imported(name: str, sources: list[str]) -> bool:
+    """``name`` comes from a ``from MODULE import *`` of the learner's cells (a right answer
+    using ``prod`` after ``from math import *`` reads a name no cell spells out)."""
+    import importlib
+    for source in sources:
+        try:
+            tree = ast.parse(to_python(source))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names) \
+                    and node.module and node.module.split(".")[0] != REFERENCE:
+                try:
+                    module = importlib.import_module(node.module)
+                except Exception:  # noqa: BLE001 - not importable here: not this name's source
+                    continue
+                public = getattr(module, "__all__", None) or [
+                    n for n in dir(module) if not n.startswith("_")]
+                if name in public:
+                    return True
+    return False
+
+
+def review_notes(sources: list[str], piece: str) -> list[str]:
+    """What a reading of the source cannot settle about which code ran: ``piece`` bound more
+    than once, or inside a compound statement (an ``if``, a loop, a ``try``). For review."""
+    count, nested = 0, False
+    for source in sources:
+        try:
+            tree = ast.parse(to_python(source))
+        except SyntaxError:
+            continue
+        for stmt in tree.body:
+            names = {n for n, _ in _bound_by(stmt)}
+            if piece in names:
+                count += 1
+                nested |= not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                ast.ClassDef, ast.Assign, ast.Import,
+                                                ast.ImportFrom, ast.AnnAssign))
+    notes = []
+    if count > 1:
+        notes.append(f"bound {count} times in your cells: which one ran is read from the run, "
+                     "not the source")
+    if nested:
+        notes.append("bound inside an if, loop, with or try: which branch ran is not in the source")
+    return notes
 
 
 def _outside_name(name: str, trusted: Mapping, banned: tuple[str, ...]) -> list[str]:

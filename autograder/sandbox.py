@@ -47,6 +47,9 @@ class SandboxSpec:
     uid: int = BASE_UID
     limits: Limits = field(default_factory=Limits)
     isolate: bool = True         # False only with --unsafe: no bwrap, limits and audit kept
+    # False for a build assignment: tinyserve is not mounted and of autograder only the
+    # kernel's own modules are (agent.KERNEL_MODULES): the kernel holds no reference.
+    reference: bool = True
 
     @property
     def home(self) -> str:
@@ -92,13 +95,23 @@ def package_dirs() -> list[str]:
     return dirs
 
 
-def readonly_roots() -> list[str]:
-    """What the kernel may read: the OS, the Python installation, the venv, package sources."""
+# The files of autograder a kernel without the reference gets (agent.KERNEL_MODULES).
+KERNEL_FILES = ("__init__.py", "agent.py", "wire.py", "testkit.py", "kernel_boot.py",
+                "kernel_helpers.py")
+
+
+def readonly_roots(reference: bool = True) -> list[str]:
+    """What the kernel may read: the OS, the Python installation, the venv, package sources
+    (without the reference: autograder's kernel files only, and no tinyserve)."""
     roots = {"/usr"}
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
               sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]):
         roots.add(str(Path(p).resolve()))
-    roots.update(package_dirs())
+    if reference:
+        roots.update(package_dirs())
+    else:
+        roots.update(str(Path(d) / f) for d in package_dirs() if Path(d).name == "autograder"
+                     for f in KERNEL_FILES)
     # Drop roots nested in another root.
     return sorted(r for r in roots
                   if not any(r != o and r.startswith(o.rstrip("/") + "/") for o in roots))
@@ -158,9 +171,19 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
     argv.extend(["--proc", "/proc", "--dev", "/dev",
                  "--size", size, "--perms", "1777", "--tmpfs", "/tmp"])
     dirs.add("/tmp")
-    for root in readonly_roots():
+    roots = readonly_roots(spec.reference)
+    for root in roots:
         ensure_parents(root)
         argv.extend(["--ro-bind", root, root])
+    if not spec.reference:
+        # A package installed inside a mounted root (not an editable install) is hidden under
+        # an empty tmpfs; autograder's kernel files, mounted one by one, go back on top.
+        for d in package_dirs():
+            if any(d.startswith(r.rstrip("/") + "/") for r in roots if not r.endswith(".py")):
+                argv.extend(["--tmpfs", d])
+                if Path(d).name == "autograder":
+                    for f in KERNEL_FILES:
+                        argv.extend(["--ro-bind", str(Path(d) / f), str(Path(d) / f)])
     for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
         argv.extend(["--ro-bind-try", etc, etc])
     ensure_parents(spec.run_dir)
@@ -185,7 +208,7 @@ def kernel_env(spec: SandboxSpec) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "OMP_NUM_THREADS": "1", "TINYSERVE_DEVICE": "cpu",
         "AUTOGRADER_SANDBOX": spec.to_env(),
-        "AUTOGRADER_READ_ROOTS": json.dumps(readonly_roots()),
+        "AUTOGRADER_READ_ROOTS": json.dumps(readonly_roots(spec.reference)),
     }
 
 

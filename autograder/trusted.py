@@ -14,7 +14,8 @@ import sys
 
 import nbformat
 
-from .channel import Channel, KernelLost, StudentTimeout, TemplateNameUnbound, TestNamespace, _cap
+from .channel import Channel, GraderOverran, KernelLost, StudentTimeout, TemplateNameUnbound, \
+    TestNamespace, _cap
 from .scan import to_python
 
 OUTPUT_CAP = 100_000
@@ -46,11 +47,23 @@ class TrustedRunner:
         self.channel.namespace = self.ns
         self.cwd = cwd
         self.student_sources: list[str] = []   # the learner's cells the kernel ran, in order
+        self.review_flags: list[str] = []       # for an instructor's review; never a verdict
+        self.publishes = False                  # read-only cells run here only (a build assignment)
+        self.student_errors: list[str] = []     # "ename: evalue" of the learner's cells that raised
 
-    def student_cell_ran(self, source: str = "") -> None:
+    def student_cell_ran(self, source: str = "", error: str = "") -> None:
         self.ns.forget_student_values()
         if source.strip():
             self.student_sources.append(source)
+        if error:
+            self.student_errors.append(_cap(error, 300))
+
+    def flag(self, text: str) -> None:
+        """A review signal from a test (what the learner's source reads): listed for the
+        instructor with the submission, never a verdict."""
+        text = _cap(text, 400)
+        if text not in self.review_flags:
+            self.review_flags.append(text)
 
     @contextlib.contextmanager
     def _inside(self, out: io.StringIO):
@@ -66,26 +79,46 @@ class TrustedRunner:
             _CURRENT.pop()
             os.chdir(here)
 
-    def run_setup(self, cell: nbformat.NotebookNode, label: str) -> str:
-        """Run a read-only cell here as well; returns a problem to report, or ''."""
+    def run_setup(self, cell: nbformat.NotebookNode, label: str, timeout: float = 60,
+                  publish: bool = False) -> str:
+        """Run a read-only cell here (as well, or only: ``publish`` then binds what it bound
+        in the learner's namespace, see ``autograder.publish``); returns a problem to report,
+        or ''. Its requests to the kernel have the cell's time, like a test's."""
+        import time
         out = _CappedText()
         before = {k: id(v) for k, v in dict.items(self.ns)}
+        self.channel.deadline = time.monotonic() + timeout
         try:
             code = compile(to_python(cell.source), f"<{label}>", "exec")
             with self._inside(out):
                 exec(code, self.ns)
             # What it bound (the shipped weights) crosses to the kernel once, then by number.
+            bound = {}
             for name, value in list(dict.items(self.ns)):
                 if before.get(name) != id(value):
                     self.channel.constants.register(value)
                     self.channel.read_only.add(id(value))
+                    bound[name] = value
+            if publish:
+                self._publish(bound, cell.source)
         except (StudentTimeout, KernelLost) as e:
             return f"{label} (read-only) called your code, which failed: {e}"
+        except GraderOverran as e:
+            return f"{label} (read-only): the grader's own work ran past the cell's time: {e}"
         except Exception as e:  # noqa: BLE001 - reported, never fatal
             return f"{label} (read-only) failed in the test runner: {type(e).__name__}: {_cap(e)}"
         finally:
+            self.channel.deadline = float("inf")
             self._end()
         return ""
+
+    def _publish(self, bound: dict, source: str) -> None:
+        from .publish import publication
+        fields = publication(bound, source, self.ns["__name__"])
+        for fn in fields.pop("lent"):
+            self.channel.lend(fn, ("__call__",), (), published=True)
+        if any(fields.values()):
+            self.channel.publish(**fields)
 
     def _end(self) -> None:
         try:
@@ -109,8 +142,11 @@ class TrustedRunner:
             result = CellResult("timeout", "CellTimeout", str(e))
         except KernelLost as e:
             result = CellResult("kernel_lost", "KernelDied", str(e))
+        except GraderOverran as e:
+            result = CellResult("error", "GraderOverran",
+                                f"not your code: {e} (the grader's limit; your instructor sees it)")
         except BaseException as e:  # noqa: BLE001 - every failure is the test's verdict
-            result = _failure(e)
+            result = _failure(e, self.student_errors)
         finally:
             self.channel.deadline = float("inf")
             self._end()
@@ -118,15 +154,16 @@ class TrustedRunner:
         return result
 
 
-def _failure(e: BaseException):
+def _failure(e: BaseException, student_errors: list[str] = ()):
     from .execute import CellResult
     student = getattr(e, "autograder_student", None)
     if isinstance(e, TemplateNameUnbound):
         return CellResult("error", "ReadOnlyCellFailed", str(e))
     if isinstance(e, NameError) and not student:
         name = getattr(e, "name", None) or str(e)
+        raised = (f" (a cell of yours raised {student_errors[-1]})" if student_errors else "")
         return CellResult("error", "NotAnswered", f"`{_cap(name, 80)}` is not defined: "
-                          "run (or write) the answer cell that defines it")
+                          f"run (or write) the answer cell that defines it{raised}")
     if student:
         return CellResult("error", _cap(student, 80), _cap(e), student=True)
     if isinstance(e, (KeyboardInterrupt, SystemExit)):

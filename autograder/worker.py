@@ -23,6 +23,7 @@ import nbformat
 from .collect import collect_notes
 from .course import Course, grader_template, hidden_test_lines, shown, write_json
 from .execute import Plan, RunReport, run_notebook
+from .publish import needs_no_reference
 from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     sandbox_processes, write_kernelspec
 from .scan import names_bound, scan_cell
@@ -292,8 +293,11 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
 
     scratch = Path(tempfile.mkdtemp(prefix=f"run-{job.slot}-", dir=scratch_root(course)))
     try:
+        plan = grading_plan(nb, trusted=job.tests_in == "trusted",
+                            trusted_cwd=str(scratch / "trusted"))
         spec = SandboxSpec(run_dir=str(scratch / "run"), uid=BASE_UID + job.slot,
-                           limits=Limits(**job.limits), isolate=not job.unsafe)
+                           limits=Limits(**job.limits), isolate=not job.unsafe,
+                           reference=not plan.publish)
         prepare_run_dir(spec)
         home = Path(spec.home)
         # Released support files, never the submitted copies (a student could edit them).
@@ -308,8 +312,7 @@ def execute_in_sandbox(course: Course, job: Job, name: str, nb: nbformat.Noteboo
                            connection_file=str(Path(spec.run_dir) / "kernel.json"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOGRADER_")}
         env["AUTOGRADER_SANDBOX"] = spec.to_env()
-        plan = grading_plan(nb, trusted=job.tests_in == "trusted",
-                            trusted_cwd=str(trusted_folder(course, job, scratch)))
+        plan.trusted_cwd = str(trusted_folder(course, job, scratch))
         plan.stop_at_failure = job.stop_at_failure
         with open(scratch / "kernel.log", "wb") as log:
             report = run_notebook(nb, km, cwd=str(home), env=env,
@@ -341,7 +344,8 @@ def grading_plan(nb: nbformat.NotebookNode, *, trusted: bool = True,
     both = {i for i, c in enumerate(nb.cells) if is_read_only_code(c)}
     if not trusted:
         return Plan(trusted_tests=False, guarded=tests, trusted_cwd=trusted_cwd)
-    return Plan(trusted_tests=True, tests=tests, both=both, trusted_cwd=trusted_cwd)
+    return Plan(trusted_tests=True, tests=tests, both=both, trusted_cwd=trusted_cwd,
+                publish=needs_no_reference([nb.cells[i].source for i in both]))
 
 
 def is_read_only_code(cell: nbformat.NotebookNode) -> bool:
