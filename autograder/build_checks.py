@@ -171,7 +171,7 @@ def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
     of ``fn`` and, given ``args``, calls ``fn(*args)`` once more with tinyserve unavailable."""
     runner = _trusted_runner()
     if runner is not None:
-        from autograder.own_source import problems, review_notes
+        from autograder.own_source import banned_in_candidates, problems, review_notes
         name = runner.ns.name_of(fn)
         if name is None:
             return [] if not callable(fn) else ["is not a function of your cells"]
@@ -184,6 +184,8 @@ def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
         # what the source shows is for review. Only a name the exercise bans (torch's own
         # attention in the attention piece) still costs the piece.
         docked = [p for p in found if _bans(p, banned)]
+        docked += [p for p in banned_in_candidates(runner.student_sources, name, banned)
+                   if p not in docked]
         for p in found:
             if p not in docked:
                 runner.flag(f"{name}: {p}")

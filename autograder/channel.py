@@ -382,7 +382,7 @@ class Channel:
                 args, kwargs = self._plain.decode(args), self._plain.decode(kwargs or {"$d": []})
                 if type(args) is not list or type(kwargs) is not dict:
                     raise WireError("malformed call back")
-                _check_size([args, kwargs])
+                _check_size([args, kwargs], self.constants)
                 with _deadline(self.deadline):
                     value = getattr(obj, name)(*args, **kwargs)
             else:
@@ -529,6 +529,11 @@ class Constants:
                 return t
         return None
 
+    def holds(self, t) -> bool:
+        """``t`` is one of the tests' constants, as registered."""
+        kept = self._kept.get(id(t))
+        return kept is not None and kept[0] is t
+
     def __len__(self) -> int:
         return len(self._kept)
 
@@ -538,7 +543,9 @@ class Constants:
 CALL_BACK_ELEMENTS = 1 << 22
 
 
-def _check_size(value) -> None:
+def _check_size(value, constants: "Constants") -> None:
+    """Refuse a call back passing more tensor elements than CALL_BACK_ELEMENTS, the tests' own
+    constants (the weights, which crossed by number) not counted."""
     torch = sys.modules.get("torch")
     total, todo = 0, [value]
     while todo:
@@ -547,7 +554,7 @@ def _check_size(value) -> None:
             todo.extend(v)
         elif type(v) is dict:
             todo.extend(v.values())
-        elif torch is not None and isinstance(v, torch.Tensor):
+        elif torch is not None and isinstance(v, torch.Tensor) and not constants.holds(v):
             total += v.numel()
     if total > CALL_BACK_ELEMENTS:
         raise ValueError(f"your call passes {total:,} tensor elements to the tests' object; "

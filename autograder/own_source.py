@@ -94,6 +94,37 @@ def _star_imported(name: str, sources: list[str]) -> bool:
     return False
 
 
+def banned_in_candidates(sources: list[str], piece: str, banned: tuple[str, ...]) -> list[str]:
+    """Banned names used by any binding of ``piece`` that may be the one that ran: the last
+    binding outside an if, loop, with or try, and every binding after it (a reading of the
+    source cannot tell which branch ran, so a banned call in any of them costs the piece)."""
+    if not banned:
+        return []
+    candidates: list[tuple[ast.AST, str, bool]] = []
+    for source in sources:
+        text = to_python(source)
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for stmt in tree.body:
+            for name, node in _bound_by(stmt):
+                if name == piece:
+                    plain = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                              ast.ClassDef, ast.Assign, ast.AnnAssign,
+                                              ast.Import, ast.ImportFrom))
+                    candidates.append((node, text, plain))
+    last_plain = max((i for i, c in enumerate(candidates) if c[2]), default=0)
+    found: set[str] = set()
+    for node, text, _ in candidates[last_plain:]:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and sub.id in banned:
+                found.add(f"uses {sub.id}")
+            elif isinstance(sub, ast.Attribute) and sub.attr in banned:
+                found.add(f"uses {sub.attr}")
+    return sorted(found)
+
+
 def review_notes(sources: list[str], piece: str) -> list[str]:
     """What a reading of the source cannot settle about which code ran: ``piece`` bound more
     than once, or inside a compound statement (an ``if``, a loop, a ``try``). For review."""
@@ -174,6 +205,13 @@ def _bound_by(stmt: ast.stmt):
     for sub in ast.walk(stmt):
         if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
             yield sub.id, stmt
+        elif isinstance(sub, (ast.Subscript, ast.Attribute)) and isinstance(sub.ctx, ast.Store):
+            # `table["f"] = ...` or `ns.f = ...` fills a container a piece reads: followed too
+            base = sub.value
+            while isinstance(base, (ast.Subscript, ast.Attribute)):
+                base = base.value
+            if isinstance(base, ast.Name):
+                yield base.id, stmt
         elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             yield sub.name, sub
         elif isinstance(sub, (ast.Import, ast.ImportFrom)):

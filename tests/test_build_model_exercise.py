@@ -160,6 +160,9 @@ MISTAKES = [
         "<= torch.arange(s.shape[-2], device=s.device)[:, None]), float('-inf'))"))), "compares indices, not positions"),
     ("test_forward", FORWARD.format(out="(rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T).squeeze()"),
      "dimension of size 1 was dropped"),
+    ("test_forward", FORWARD.format(out="rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T")
+     .replace("decoder_block(x, positions,", "decoder_block(x, torch.arange(len(ids), device=ids.device),"),
+     "ignores the positions it is given"),
     ("test_generate", GENERATE_SQUEEZED, "a .squeeze() drops it"),
     ("test_generate", GENERATE_SQUEEZED.replace(".squeeze()", "").replace(
         "        if new[-1] == cfg['eos_token_id']:\n            break\n", ""), "keeps going after the end token"),

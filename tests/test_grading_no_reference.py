@@ -1,0 +1,224 @@
+"""The kernel holds no reference (issue 40): a build assignment is graded with the learner's
+code, torch and data in the kernel, and everything that judges or counts on the trusted side.
+
+Each hostile submission below earned marks on the design before (the kernel held tinyserve,
+the read-only cells' reference pieces and the helpers the tests called in it); graded as
+grading does (the trusted runner, build_model's read-only cells on its side only), each now
+loses exactly the points of the pieces it did not write. The units after them hold the
+mechanisms: what a read-only cell publishes, call backs scoped to their request and bounded in
+size and time, the read-only cells' own deadline, and the source read as a review signal.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from build_exercise_checks import one_thread_kernels  # noqa: F401 - autouse fixture
+from exercise_checks import errors, execute_trusted, exercise_paths, source_fixture, with_answers
+
+NAME = "build_model"
+SOURCE_DIR, SOURCE, _ = exercise_paths(NAME)
+source = source_fixture(SOURCE)
+POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
+          "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
+          "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
+
+RIGHT_ATTENTION = (
+    "def attention(q, k, v, qp, kp):\n"
+    "    g = q.shape[0] // k.shape[0]\n"
+    "    k, v = k.repeat_interleave(g, dim=0), v.repeat_interleave(g, dim=0)\n"
+    "    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])\n"
+    "    s = s.masked_fill(~(kp[None, :] <= qp[:, None]), float('-inf'))\n"
+    "    return torch.softmax(s, dim=-1) @ v\n")
+SDPA = ("torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(g, 0), "
+        "v.repeat_interleave(g, 0), attn_mask=kp[None, :] <= qp[:, None])")
+
+# Finding 1: the grader's own pieces, bound by the read-only cells, called as the learner's;
+# finding 2: the namespace reached through __main__; finding 7: the grader's attention
+# reference returned as the learner's; finding 3: the kernel's build_checks patched so the
+# one-slip fallback answers with the reference, behind stubbed pieces.
+GRADERS_PIECES = {
+    "rms_norm": "def rms_norm(x, weight, eps):\n    return _piece_rms_norm(x, weight, eps)",
+    "rope": "import __main__\n"
+            "def rope_tables(positions, head_dim, theta):\n"
+            "    return getattr(__main__, '_build_' + 'checks').piece_rope_tables(positions, head_dim, theta)\n"
+            "def apply_rotary(x, cos, sin):\n"
+            "    half = x.shape[-1] // 2\n"
+            "    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin",
+    "attention": "def attention(q, k, v, qp, kp, _ref=globals().get('_attention_variants')):\n"
+                 "    return _ref(q, k, v, qp, kp)[0]",
+    "block": "try:\n"
+             "    import autograder.build_checks as _b\n"
+             "    _b.call_with_pieces = lambda fn, pieces, args, *a, **k: (\n"
+             "        (_b.piece_forward if fn.__name__ == 'forward' else _b.piece_decoder_block)(*args), [])\n"
+             "except Exception:\n"
+             "    pass\n"
+             "def decoder_block(x, positions, w, cfg):\n    raise ValueError('stub')",
+    "forward": "def forward(ids, positions, weights, cfg):\n    raise ValueError('stub')",
+}
+GRADERS_PIECES_POINTS = dict(POINTS, test_rms_norm=0, test_rope_tables=0, test_attention_causal=0,
+                             test_attention_gqa=0, test_decoder_block=0, test_forward=0)
+
+# Finding 2: the source read is not the code run (the banned attention bound first, a clean
+# one under `if False:` last); finding 3: the in-place check's helper rebound by a `for`
+# target; finding 6: a right answer after `from math import *` keeps its points.
+SOURCE_NOT_RUN = {
+    "rms_norm": "def rms_norm(x, weight, eps):\n"
+                "    x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))\n"
+                "    return x * weight\n"
+                "for _kernel_changed_inputs in [lambda *args: []]:\n"
+                "    pass",
+    "attention": "def attention(q, k, v, qp, kp):\n"
+                 "    g = q.shape[0] // k.shape[0]\n"
+                 f"    return {SDPA}\n"
+                 "if False:\n" + "".join("    " + line + "\n" for line in RIGHT_ATTENTION.splitlines()),
+    "swiglu": "from math import *\n"
+              "def swiglu_mlp(x, w_gate, w_up, w_down):\n"
+              "    return prod([1.0]) * (torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T",
+}
+SOURCE_NOT_RUN_POINTS = dict(POINTS, test_rms_norm=0, test_attention_causal=0)
+
+# Finding 2: a module-level container filled by a subscript assignment, never followed.
+CONTAINER = {
+    "attention": "_impl = {}\n"
+                 "_impl['attend'] = torch.nn.functional.scaled_dot_product_attention\n"
+                 "def attention(q, k, v, qp, kp):\n"
+                 "    g = q.shape[0] // k.shape[0]\n"
+                 "    return _impl['attend'](q, k.repeat_interleave(g, 0), v.repeat_interleave(g, 0),\n"
+                 "                           attn_mask=kp[None, :] <= qp[:, None])",
+}
+CONTAINER_POINTS = dict(POINTS, test_attention_causal=0)
+
+
+def _graded(source, answers: dict[str, str]) -> dict[str, int]:
+    nb = execute_trusted(with_answers(source, answers), SOURCE_DIR)
+    failed = errors(nb)
+    return {gid: 0 if gid in failed else pts for gid, pts in POINTS.items()}
+
+
+@pytest.mark.parametrize("answers, points", [
+    (GRADERS_PIECES, GRADERS_PIECES_POINTS),
+    (SOURCE_NOT_RUN, SOURCE_NOT_RUN_POINTS),
+    (CONTAINER, CONTAINER_POINTS),
+], ids=["graders_pieces", "source_not_run", "container"])
+def test_hostile_submissions_earn_only_what_they_wrote(source, answers, points):
+    assert _graded(source, answers) == points
+
+
+# ------------------------------------------------------------------ the mechanisms
+
+def test_a_read_only_cell_publishes_libraries_data_and_plain_helpers_and_withholds_the_rest():
+    import math
+
+    import torch
+
+    import autograder.build_checks as build_checks
+    import tinyserve
+    from autograder.publish import publication
+
+    source = ("def layer_weights(weights, i):\n    return {k: v for k, v in weights.items()}\n"
+              "def given(x):\n    return _secret(x)\n")
+    ns: dict = {"__name__": "__autograder_tests__"}
+    exec(source, ns)
+    bound = {"torch": torch, "math": math, "Tensor": torch.Tensor, "tinyserve": tinyserve,
+             "CFG": {"hidden_size": 8}, "W": torch.zeros(3), "layer_weights": ns["layer_weights"],
+             "given": ns["given"], "piece": build_checks.piece_rms_norm, "_RMSNorm": object()}
+    out = publication(bound, source, "__autograder_tests__")
+    assert out["imports"] == {"torch": ["torch", ""], "math": ["math", ""], "Tensor": ["torch", "Tensor"]}
+    assert set(out["withheld"]) == {"tinyserve", "piece"}
+    assert set(out["sources"]) == {"layer_weights"} and "def layer_weights" in out["sources"]["layer_weights"]
+    assert out["lent"] == [ns["given"]] and set(out["values"]) == {"CFG", "W", "given"}
+    assert "_RMSNorm" not in str(out)
+
+
+def test_only_a_template_that_declares_it_withholds_the_reference():
+    from autograder.publish import DECLARATION, needs_no_reference
+    assert needs_no_reference(["import torch", DECLARATION])
+    assert not needs_no_reference(["import torch\n# " + DECLARATION, "import autograder.build_checks"])
+
+
+def _channel(replies):
+    from autograder.channel import Channel
+    sent = []
+
+    def exchange(text, timeout):
+        sent.append((text, timeout))
+        return replies.pop(0) if text is not None else None
+    return Channel(exchange), sent
+
+
+def test_a_lent_object_answers_only_the_request_that_carried_it():
+    import json
+    calls = []
+    ch, sent = _channel([])
+    piece = ch.lend(lambda x: calls.append(x) or x, ("__call__",), ())
+    ch._encode_request("call", {"ref": 1, "args": [piece], "kwargs": {}}, 1)   # carried here
+    ok = json.loads(ch._call_back({"cb": [1, "__call__", [3], None]}))
+    ch._encode_request("call", {"ref": 1, "args": [], "kwargs": {}}, 2)        # not carried
+    refused = json.loads(ch._call_back({"cb": [1, "__call__", [4], None]}))
+    assert ok == {"ok": 3} and calls == [3]
+    assert refused["error"][0] == "RuntimeError" and "earlier call" in refused["error"][1]
+
+
+def test_a_call_back_is_bounded_in_size_and_in_time(monkeypatch):
+    import json
+
+    import torch
+
+    import autograder.channel as channel
+    from autograder.channel import GraderOverran
+    monkeypatch.setattr(channel, "CALL_BACK_ELEMENTS", 10)
+    ch, _ = _channel([])
+    ch.lend(lambda t: t.sum(), ("__call__",), (), published=True)
+    ch.lend(lambda s: time.sleep(s), ("__call__",), (), published=True)
+    big = torch.zeros(11)
+    ch.deadline = time.monotonic() + 30
+    too_big = json.loads(ch._call_back({"cb": [1, "__call__", ch._encoder.encode([big]), None]}))
+    assert too_big["error"][0] == "ValueError" and "limit" in too_big["error"][1]
+    ch.deadline = time.monotonic() + 0.3
+    start = time.monotonic()
+    with pytest.raises(GraderOverran):   # the grader's own work: never the learner's error
+        ch._call_back({"cb": [2, "__call__", [5.0], None]})
+    assert time.monotonic() - start < 3
+
+
+def test_a_read_only_cells_requests_have_the_cells_deadline():
+    import nbformat
+
+    from autograder.trusted import TrustedRunner
+    seen = []
+
+    def exchange(text, timeout):
+        seen.append(timeout)
+        return None if text is None else '{"id":1,"ok":null}'
+    runner = TrustedRunner(exchange, cwd=".")
+    cell = nbformat.v4.new_code_cell("_KERNEL_HOLDS = 'no reference'\nCFG = {'a': 1}")
+    assert runner.run_setup(cell, "setup", timeout=7, publish=True) == ""
+    assert seen and 0 < seen[0] <= 7
+
+
+def test_the_source_is_a_review_signal_and_a_right_answer_is_never_docked():
+    from autograder.own_source import banned_in_candidates, problems, review_notes
+    star = ["from math import *\ndef cache_bytes(cfg, tokens, b):\n    return int(prod([2, tokens, b]))"]
+    assert problems(star, "cache_bytes", ("cache_bytes",), {}) == []
+    twice = ["def attention(q):\n    return sdpa(q)\nif False:\n    def attention(q):\n        return q"]
+    assert banned_in_candidates(twice, "attention", ("sdpa",)) == ["uses sdpa"]
+    assert len(review_notes(twice, "attention")) == 2
+    redone = ["def attention(q):\n    return sdpa(q)", "def attention(q):\n    return q"]
+    assert banned_in_candidates(redone, "attention", ("sdpa",)) == []
+
+
+def test_the_sandbox_of_a_build_assignment_mounts_no_reference(tmp_path):
+    from pathlib import Path
+
+    from autograder.sandbox import KERNEL_FILES, SandboxSpec, bwrap_argv, bwrap_path, readonly_roots
+    roots = readonly_roots(reference=False)
+    import autograder
+    import tinyserve
+    assert not any(r.startswith(str(Path(tinyserve.__file__).parent)) for r in roots)
+    assert {Path(r).name for r in roots if r.startswith(str(Path(autograder.__file__).parent))} \
+        == set(KERNEL_FILES)
+    if bwrap_path() is not None:
+        argv = " ".join(bwrap_argv(SandboxSpec(run_dir=str(tmp_path / "run"), reference=False), ["true"]))
+        assert "build_checks.py" not in argv and "own_source" not in argv
