@@ -46,8 +46,10 @@ def _timings(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[
 
 def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
                      repeats: int = 7) -> float:
-    """Bytes per second of a large copy (it reads ``nbytes`` and writes ``nbytes``): the
-    fastest of ``repeats`` copies, on the calling process's torch threads.
+    """Bytes per second of a large copy, counted as STREAM counts it (``nbytes`` read plus
+    ``nbytes`` written; write-allocate traffic not counted): the fastest of ``repeats``
+    copies, on the calling process's torch threads. What these threads can copy, not the
+    memory system's peak; the course's bandwidth reference is :func:`read_bandwidth`'s best.
 
     ``nbytes`` should be well above the last-level cache, or the figure is the cache's.
     The best run, not the median: on a shared machine other processes only ever slow a
@@ -74,7 +76,9 @@ class ReadBandwidth:
     """Bytes per second of several ways to read a buffer far larger than the cache.
 
     ``ways`` maps each way to its rate: ``sum`` (a reduction: reads each byte once),
-    ``copy`` (reads and writes each byte once, both counted) and ``matvec`` (an fp32
+    ``copy`` (each byte read once and written once, both counted: STREAM's convention, twice
+    a ``bcopy`` count; a CPU that write-allocates also reads each destination line first,
+    which no count here includes) and ``matvec`` (an fp32
     matrix-vector product: what a batch-1 decode step does with each weight). The machine
     can read at least as fast as the fastest of them; a decode step measured faster than
     ``best`` (an MBU above 1) means every reference here was too slow, not that the step
@@ -197,8 +201,12 @@ def measured_knee(step_seconds: dict[int, float], factor: float = 1.5) -> float:
 
 
 def mbu(cost: DecodeCost, bandwidth: float, step_seconds: float) -> float:
-    """Model bandwidth utilisation: the memory bound / the measured step time (1.0 = the
-    step moves bytes as fast as a plain copy does)."""
+    """Model bandwidth utilisation: the memory bound / the measured step time.
+
+    ``bandwidth`` is the course's one reference: :attr:`ReadBandwidth.best`, the fastest of
+    the ways :func:`read_bandwidth` reads a buffer far past the cache, on the threads the step
+    runs on. 1.0 = the step reads its bytes as fast as the fastest plain read; above 1, that
+    reference was read too slowly (a busy moment), not the memory beaten."""
     return cost.bytes / bandwidth / step_seconds
 
 

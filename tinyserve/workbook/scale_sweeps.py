@@ -24,12 +24,28 @@ from ..roofline import decode_cost, eager_step_seconds, matmul_flops, read_bandw
 from .roofline_lab import NEAR, cache_bytes
 
 
+#: The side of the square matmul that measures the FLOP ceiling, by device type: one way for
+#: every chapter and sweep (issue 38). On a CPU 1024 (2 GFLOP: tens of milliseconds on one
+#: thread, past the size where the BLAS kernel reaches its rate); on a GPU 8192 (1.1 TFLOP),
+#: since a smaller matmul is too short to fill every multiprocessor and reads below the peak.
+CEILING_MATMUL_N = {"cpu": 1024, "cuda": 8192}
+
+
+def flop_ceiling(device: torch.device | str, dtype: torch.dtype = torch.float32) -> float:
+    """The FLOP ceiling every chapter divides by: :func:`tinyserve.roofline.matmul_flops` of a
+    :data:`CEILING_MATMUL_N` matmul on ``device``, in ``dtype``, on the calling threads."""
+    device = torch.device(device)
+    return matmul_flops(device, dtype, CEILING_MATMUL_N.get(device.type, 1024))
+
+
 @dataclass(frozen=True)
 class Ceilings:
-    """What this machine can move and multiply, measured now on one device."""
+    """What this machine can move and multiply, measured now on one device, and on how many
+    torch threads: on a CPU both ceilings (and so the ridge) move with the thread count."""
     bandwidth: float       # bytes/s: the fastest way of reading a buffer far beyond the cache
     way: str               # which way that was (sum, copy or matvec; roofline.ReadBandwidth)
     flop_rate: float       # FLOP/s of a large square matmul in the model's dtype
+    threads: int = 0       # torch threads when measured (0: not recorded)
 
     @property
     def ridge(self) -> float:
@@ -37,19 +53,26 @@ class Ceilings:
         intensity a kernel is memory-bound, above it compute-bound."""
         return self.flop_rate / self.bandwidth
 
+    def describe(self) -> str:
+        """The two ceilings and the ridge, with the thread count they hold for."""
+        threads = f" on {self.threads} torch thread{'s' if self.threads != 1 else ''}" \
+            if self.threads else ""
+        return (f"read {self.bandwidth / 1e9:.1f} GB/s ({self.way}), matmul "
+                f"{self.flop_rate / 1e9:,.0f} GFLOP/s: ridge {self.ridge:.1f} FLOP/byte{threads}")
+
 
 def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.float32,
                      nbytes: int | None = None, n: int | None = None) -> Ceilings:
     """:class:`Ceilings` on ``device``: the read bandwidth over ``nbytes`` (by default, as in
     chapter 1, 8x the last-level cache and at least 256 MiB on a CPU; 1 GiB on a GPU, far past
-    its L2) and the FLOP rate of an ``n x n`` matmul in ``dtype`` (1024 on a CPU; 8192 on a
-    GPU, where a small one is too short to fill the device)."""
+    its L2) and the FLOP rate of an ``n x n`` matmul in ``dtype`` (by default
+    :func:`flop_ceiling`'s), on the calling process's torch threads."""
     device = torch.device(device)
     gpu = device.type == "cuda"
     nbytes = nbytes or (2**30 if gpu else max(256 * 2**20, 8 * cache_bytes(device)[0]))
     read = read_bandwidth(device, nbytes)
-    rate = matmul_flops(device, dtype, n or (8192 if gpu else 1024))
-    return Ceilings(read.best, read.fastest_way, rate)
+    rate = matmul_flops(device, dtype, n) if n else flop_ceiling(device, dtype)
+    return Ceilings(read.best, read.fastest_way, rate, torch.get_num_threads())
 
 
 def fastest_seconds(fn: Callable[[], Any], device: torch.device | str, repeats: int = 3,
