@@ -1,6 +1,7 @@
 """The bandwidth-scale model: the same ``TinyLlama`` at a size where decode meets the memory wall.
 
-The shipped target (5.2M parameters, 21 MB in fp32) fits in a laptop CPU's last-level cache
+The shipped target (5.2M parameters, 21 MB in fp32) fits in a 32 MiB last-level cache like the
+course machine's (many laptop CPUs have 12-18 MB of L3, where part of it streams from memory)
 and in a GPU's L2, so its decode steps are bound by dispatch (Python and kernel launches),
 not by memory. The lessons that depend on the regime (batching is nearly free up to the
 compute ridge, int8 weights speed decode up, a verify pass costs about one step, tensor
@@ -22,7 +23,9 @@ Sizes:
 - **CUDA**: the GPU timing preset (hidden 4096, MLP 11008, 8 layers, 32 / 8 heads: ~1.4B
   parameters, ~2.9 GB in bf16), far above any GPU's L2.
 - ``bandwidth-draft``: a matching small draft for speculative decoding (same vocabulary,
-  ~1/50 of the bytes on the CPU), as random as the target.
+  19 MB in fp32 on the CPU: 1/20 of a 2-layer target, the size a 32 MiB cache gives, and
+  small enough to sit in such a cache itself; ~1/54 of the bytes on a GPU), as random as the
+  target.
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ from .device import resolve
 
 #: Presets this module builds; :func:`tinyserve.load_model` accepts them by name.
 SCALE_PRESETS = ("bandwidth", "bandwidth-draft")
-#: Used when the OS does not say how big the last-level cache is (a typical laptop L3).
+#: Used when the OS does not say how big the last-level cache is (the course machine's L3).
 FALLBACK_LLC_BYTES = 32 * 2**20
 #: How many last-level caches the CPU model's weights must span at least.
 LLC_MULTIPLE = 8
