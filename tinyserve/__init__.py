@@ -57,7 +57,8 @@ Around it
                     (predict where decode stops being memory-bound), ``scale_sweeps`` (the
                     sweeps chapters 2 and 3 run at both scales), ``plots``,
                     ``model_card``, ``markers`` (README sections a command writes),
-                    ``study_time`` (estimated working time per notebook)
+                    ``study_time`` (estimated working time per notebook), ``course_runs``
+                    (the course machine's bench reports, read where a chapter cites them)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints
