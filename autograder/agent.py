@@ -41,6 +41,8 @@ def _user_ns() -> dict:
 def _handle(obj, depth, encoder):
     if id(obj) in _tagged:
         return {"$tag": _tagged[id(obj)]}
+    if type(obj) is _Lent:   # the tests' own object, passed back to them (by its number)
+        return {"$lent": [obj._number, obj._type, [], []]}
     if object_fields(obj) is not None:  # a course object (an EngineConfig, a policy) the
         try:                            # answer built: its fields, as data, are the answer
             fields = object_fields(obj)

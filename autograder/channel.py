@@ -225,7 +225,8 @@ class Channel:
         self.call_backs = 0   # served, all requests together
         # Arguments of a call back are data only: a handle there would need a request of its
         # own while the kernel waits for the call back's answer.
-        self._plain = Decoder(_no_handles, on_constant=self._constant_back)
+        self._plain = Decoder(_no_handles, on_constant=self._constant_back,
+                              on_lent=self._lent_back)
         self._encoder = Encoder(self._encode_other, on_tensor=self.constants.node)
         self._decoder = Decoder(self._remote, on_object=_rebuild_answer, on_tag=self._tags.get)
 
@@ -362,6 +363,14 @@ class Channel:
         if t is None:
             raise WireError("a call back named a constant the tests do not hold")
         return t
+
+    def _lent_back(self, body):
+        """A call back passes one of the tests' lent objects (the draft model the loop was
+        given): the object itself stands in, if it was lent to this request."""
+        number = int(body[0])
+        if number not in self._request_lent and number not in self._published:
+            raise WireError("a call back passed an object lent to an earlier call")
+        return self._lent[number][0]
 
     def _call_back(self, msg: dict) -> str:
         """Serve one call back of the learner's code to a lent object: a method in its

@@ -103,9 +103,11 @@ MISTAKES = [
     # fail, above) leave part 3's points alone. None: the test cell must pass.
     ("test_speculative_greedy", "def draft(dm, context, k):\n    return [0] * k\n"
                                 "def accept_greedy(guesses, logits):\n    return list(guesses)", None),
-    ("test_accept_greedy", "from tinyserve.speculative import accept_greedy as _theirs\n"
-                           "def accept_greedy(guesses, logits):\n"
-                           "    return _theirs(guesses, logits.argmax(-1).tolist())", "no points for this piece"),
+    # The kernel holds no reference (issue 40): tinyserve's verifier cannot be imported there.
+    ("test_accept_greedy", "def accept_greedy(guesses, logits):\n"
+                           "    from tinyserve.speculative import accept_greedy as theirs\n"
+                           "    return theirs(guesses, logits.argmax(-1).tolist())", "is not in this kernel",
+     "ModuleNotFoundError"),
 ]
 
 
