@@ -24,7 +24,7 @@ PYTEST_ARGS  ?=
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help peers \
-        collect autograde feedback export grade-bench check gpu-wheels gpu-check
+        collect autograde feedback export grade-bench check gpu-wheels gpu-check torch-floor
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
@@ -42,7 +42,8 @@ $(VENV)/.stamp-base: pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(PIP) install -q -e .
+	# the runtime, then what the Lab and the grading need (pyproject's extras lab, grading)
+	$(PIP) install -q -e ".[lab,grading]"
 	@touch $@
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-base
@@ -181,6 +182,26 @@ peers:
 	@$(MAKE) --no-print-directory $(PEERS_DIR)/guidellm/.stamp PEER_SPEC="$(GUIDELLM_SPEC)"
 	@$(MAKE) --no-print-directory $(PEERS_DIR)/transformers/.stamp PEER_SPEC="$(TRANSFORMERS_SPEC)"
 	@echo "peers ready in $(PEERS_DIR)/: run .venv/bin/python -m tinyserve bench peers"
+
+# ---- The torch floor (README: "On a GPU") ------------------------------------------------
+# make torch-floor   a throwaway venv (FLOOR_VENV, made anew) with the oldest torch the package
+#                    index has at or above pyproject's floor, the plain package (the runtime),
+#                    then tests/smoke_paths.py: every decoding path on the shipped models, each
+#                    path's tokens checked against plain generate. From PyPI on x86-64 Linux that
+#                    torch is a CUDA build (~3 GB of downloads, ~5 GB in the venv; it runs on a
+#                    CPU); TORCH_INDEX="--index-url .../whl/cpu" takes a CPU build where reachable.
+FLOOR_VENV ?= .venv-floor
+
+torch-floor:
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
+	@v=$$($(FLOOR_VENV)/bin/python tests/smoke_paths.py --lowest-torch) || exit 1; \
+	echo "torch-floor: torch==$$v, the oldest the index has at or above pyproject's floor"; \
+	$(FLOOR_VENV)/bin/python -m pip install -q $(TORCH_INDEX) "torch==$$v" || exit 1; \
+	$(FLOOR_VENV)/bin/python -m pip install -q .
+	rm -rf build
+	cd $(FLOOR_VENV) && OMP_NUM_THREADS=2 TINYSERVE_DEVICE=cpu ./bin/python $(CURDIR)/tests/smoke_paths.py
 
 train: $(VENV)/.stamp-base
 	$(PY) -m tinyserve train --preset target

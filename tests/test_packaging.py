@@ -56,8 +56,24 @@ def test_makefile_pins_torch_before_installing_the_project() -> None:
         "TORCH_SPEC must default to torch==2.13.0 and stay overridable (?=)"
     recipe = makefile.split("$(VENV)/.stamp-base:")[1].split("\n\n")[0]
     torch_at = recipe.index('"$(TORCH_SPEC)"')
-    project_at = recipe.index("install -q -e .")
+    # the runtime plus the Lab's and the grading's extras: `make lab` needs all three
+    project_at = recipe.index('install -q -e ".[lab,grading]"')
     assert torch_at < project_at, "torch must be installed before the project's dependencies"
+
+
+def test_the_runtime_leaves_the_notebook_server_to_its_host() -> None:
+    """The plain package (what a hosted notebook installs, README "On a hosted notebook")
+    brings no Jupyter, grading or widget package, and no cap on one: those would replace the
+    service's own. They are the extras `make lab` installs."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {_normalise(s).split(">")[0].split("=")[0].split("<")[0]
+               for s in project["dependencies"]}
+    hosted = {"jupyterlab", "notebook", "jupyter-server", "nbgrader", "ipywidgets",
+              "jsonschema", "nbformat", "nbclient", "nbconvert", "ipykernel", "jupyter-client"}
+    assert not runtime & hosted, f"the runtime would replace the host's {sorted(runtime & hosted)}"
+    extras = project["optional-dependencies"]
+    assert {"jupyterlab", "ipywidgets"} <= {_normalise(s).split(">")[0] for s in extras["lab"]}
+    assert {"nbgrader", "nbclient"} <= {_normalise(s).split(">")[0] for s in extras["grading"]}
 
 
 def test_ci_entry_calls_the_readme_test_command() -> None:

@@ -64,13 +64,40 @@ Around it
     tables          the plain-text table every report prints
     __main__        ``python -m tinyserve COMMAND``
 """
-from .checkpoint import load_model
-from .config import PRESETS, ModelConfig
-from .device import default_device, default_dtype
-from .model import TinyLlama
+import re as _re
 
-__all__ = ["ModelConfig", "PRESETS", "TinyLlama", "default_device", "default_dtype",
-           "load_model", "load_tokenizer"]
+import torch as _torch
+
+#: The oldest torch this package runs on: ``F.rms_norm`` is 2.4+, SDPA's ``enable_gqa``
+#: 2.5+, and on 2.4 the CPU's flash kernel returns a layout the model did not expect. Also
+#: the floor pyproject.toml and environment.yml declare (tests/test_torch_floor.py), and the
+#: one ``make torch-floor`` installs and runs every decoding path on.
+TORCH_FLOOR = (2, 5)
+
+
+def check_torch_version(version: str) -> None:
+    """Raise ImportError, naming the floor and how to upgrade, if ``version`` (torch's
+    ``__version__``: ``2.13.0+cpu``, ``2.5.0a0+git...`` of a source build) is older."""
+    found = _re.match(r"(\d+)\.(\d+)", version)
+    if found is None or tuple(map(int, found.groups())) >= TORCH_FLOOR:
+        return
+    floor = ".".join(map(str, TORCH_FLOOR))
+    raise ImportError(
+        f"tinyserve needs torch >= {floor}, but this environment has torch {version} "
+        f"(older ones lack F.rms_norm or SDPA's enable_gqa). Upgrade it first, e.g. "
+        f"pip install \"torch>={floor}\" (on a GPU, the build for your CUDA: README, \"Which torch\"), "
+        f"then import tinyserve again.")
+
+
+check_torch_version(_torch.__version__)
+
+from .checkpoint import load_model  # noqa: E402 - after the torch check, which they need
+from .config import PRESETS, ModelConfig  # noqa: E402
+from .device import default_device, default_dtype  # noqa: E402
+from .model import TinyLlama  # noqa: E402
+
+__all__ = ["ModelConfig", "PRESETS", "TORCH_FLOOR", "TinyLlama", "check_torch_version",
+           "default_device", "default_dtype", "load_model", "load_tokenizer"]
 
 
 def load_tokenizer():  # type: ignore[no-untyped-def]
