@@ -268,8 +268,12 @@ grade-bench: $(VENV)/.stamp-base system-deps
 # make gpu-wheels   here, with a registry: the wheels that machine lacks (notebooks, server)
 #                   into .whl/, for CPython 3.12 on x86-64 Linux, pinned in bench/gpu_wheels.txt
 # make gpu-check    there: its own python3 (torch with CUDA), no venv; report in
-#                   bench/results/gpu/ (and $OUT when set). GPU_CHECK_ARGS="--device cpu" tries
-#                   the same steps on a CPU.
+#                   bench/results/gpu/ (and $OUT when set). Correctness first (imports, the
+#                   gpu-marked tests, graph decode against eager, the chapters), then the timed
+#                   suites with what the budget leaves; the default budget fits one 6-minute call
+#                   with the install. The copy there has no git history: pass the host's commit,
+#                     GPU_CHECK_COMMIT=<host's HEAD> make gpu-check     (.whl/ carried along)
+#                   GPU_CHECK_ARGS="--device cpu" tries the same steps on a CPU.
 GPU_PYTHON     ?= python3
 GPU_SITE       ?= /tmp/site
 GPU_CHECK_ARGS ?=

@@ -1,35 +1,39 @@
 """One command for a borrowed GPU machine: ``make gpu-check`` (or ``python -m bench.gpu_check``).
 
-It runs, on ``cuda``, every check that a CPU machine cannot, most valuable first, so that
-what the time budget cuts is the tail:
+It proves the course correct on ``cuda`` first and measures it with what time is left, so
+that what the budget cuts is the tail, never a check:
 
 1. ``imports``: a static check that every ``tinyserve`` / ``bench`` import of every notebook
    resolves (a module moved since the notebook was written fails here, in a second, not
    minutes into a chapter); CI runs the same check (tests/test_gpu_check.py);
-2. the full-size figures, one step at a time with nothing beside them (they are timed):
-   eager vs CUDA-graph decode (``python -m tinyserve.cuda_graph``: the shipped model and
-   the GPU preset, with MBU), the compiled decode path on the real model, then the full
-   bench suites;
-3. side by side: the gpu-marked tests and every chapter notebook (as a learner with a GPU
-   would run it: on the default device);
-4. with what time is left, a quick version of every bench suite (does it run here?). Quick
+2. ``pytest-gpu``: the gpu-marked tests (graphs replayed against eager, the CUDA kernels);
+3. ``graph-tokens``: graph decode against eager on the shipped model in fp32 (``generate``,
+   ``generate_batch``, the engine, speculative decoding: each path's greedy tokens with
+   graphs and without must be equal), with the capture time (``python -m bench.gpu_check --graph-tokens``);
+4. every chapter notebook, side by side, as a learner with a GPU runs it (default device);
+5. the timed figures, one step at a time with nothing beside them: eager vs CUDA-graph
+   decode (``python -m tinyserve.cuda_graph``: the shipped model and the GPU preset, with
+   MBU), ``bench scale`` at the GPU preset, the compiled decode path, the full bench suites;
+6. with what time is left, a quick version of every bench suite (does it run here?). Quick
    suites run a random 2-layer model of hidden size 32: their figures mean nothing, so the
    report keeps them under ``smoke``, never under ``ratios``.
 
 It writes ONE JSON report, ``bench/results/gpu/<date>-<device>.json`` (device, torch and
 CUDA versions, each step's status, seconds and capped failure text, the full suites'
-``ratios`` and the quick suites' ``smoke``), and copies it to ``$OUT`` when that variable is
-set. The commit it records is the host's: a device machine runs a copy of the working tree
-without its git history, so pass ``--commit`` (or ``GPU_CHECK_COMMIT``) from the host;
-without it the local checkout's is recorded and ``commit_source`` says so.
+``ratios`` and the quick suites' ``smoke``, and ``skipped``: the steps the budget cut or
+never started), and copies it to ``$OUT`` when that variable is set. The report is
+rewritten after every phase (``finished`` false until the end), so a run killed from
+outside still leaves one. The commit it records is the host's: a device machine runs a copy
+of the working tree without its git history, so pass ``--commit`` (or ``GPU_CHECK_COMMIT``)
+from the host; without it the local checkout's is recorded and ``commit_source`` says so.
 
 Designed for a bare, offline machine used once: each step runs in its own process group
 with a timeout (a hang or a poisoned CUDA context costs one step, never the run), one
-failing step never stops the others, and a global budget (5 minutes by default: the
-device's 15-minute lease holds a machine start, this check and a rerun) stops what is
-left: a step stopped or never started for lack of time is ``cut``, not a failure. Without
-CUDA it exits at once with a clear message, unless ``--device cpu`` asks for the same
-steps on the CPU (that is how the tests check it).
+failing step never stops the others, and a global budget stops what is left: a step
+stopped or never started for lack of time is ``cut``, not a failure. The default budget
+(``DEFAULT_BUDGET_S``) fits one 6-minute device call with the wheels' install and the start-up
+(README: "On a GPU"). Without CUDA it exits at once with a clear message, unless
+``--device cpu`` asks for the same steps on the CPU (that is how the tests check it).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +65,10 @@ FAILURE_CHARS = 2000          # failure text kept per step: the tail, where the 
 NO_CUDA_EXIT = 3              # distinct from 1 (a step failed) and 2 (bad arguments)
 #: Full-size suites, timed alone right after the import check, in this order.
 FULL_SUITES = ("hf", "kv", "quant", "batching")
-DEFAULT_BUDGET_S = 300.0
+#: Seconds for every step: with the wheels' install (~30 s) and Python's and CUDA's start-up,
+#: one device call of 6 minutes (360 s) holds it (tests/test_gpu_check.py keeps it so).
+DEFAULT_BUDGET_S = 280.0
+DEVICE_CALL_S = 360.0
 #: The packages whose imports the static check resolves.
 CHECKED_PACKAGES = ("tinyserve", "bench")
 
@@ -73,8 +81,9 @@ class Step:
     cap_s: float
     json_out: Path | None = None      # a bench report the step writes, read for its ratios
     env: dict[str, str] = field(default_factory=dict)
-    alone: bool = False               # timed for its figures: runs with nothing beside it
+    alone: bool = False               # runs with nothing beside it (timed, or needs the device)
     smoke: bool = False               # a quick suite: its figures are a smoke test only
+    timed: bool = False               # measures: comes after every check
 
 
 def child_env(device: str, tmp: Path) -> dict[str, str]:
@@ -115,41 +124,121 @@ def gpu_test_files() -> list[str]:
 
 
 def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
-    """Every step, most valuable first: what the budget cuts is the tail. The import check
-    (seconds), then the full-size figures (alone: they are timed), then the tests and the
-    chapters side by side, then the quick suites."""
+    """Every step, correctness first: the import check (seconds), the gpu-marked tests,
+    graph decode against eager (tokens and capture time), the chapters side by side; then
+    the full-size figures (alone: they are timed); then the quick suites. What the budget
+    cuts is the tail."""
     import bench
     py = sys.executable
     steps = [Step("imports", [py, "-m", "bench.gpu_check", "--check-imports"], 60, alone=True)]
-    # Eager vs CUDA-graph decode for the shipped model and the GPU preset, with MBU.
+    steps.append(Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p",
+                                     "no:cacheprovider", "-rs", *gpu_test_files()], 150,
+                      alone=True))
+    # The same greedy tokens with and without graphs (fp32), and what a capture costs.
+    steps.append(Step("graph-tokens", [py, "-m", "bench.gpu_check", "--graph-tokens",
+                                       str(tmp / "graph-tokens.json")], 120,
+                      json_out=tmp / "graph-tokens.json", alone=True))
+    for nb in sorted((REPO / "course").glob("*.ipynb")):
+        steps.append(Step(f"notebook:{nb.stem}", [py, "-m", "bench.gpu_check", "--notebook",
+                                                  str(nb), "--cell-timeout", "120"], 180))
+    # The timed figures. Eager vs CUDA-graph decode for the shipped model and the GPU
+    # preset, with MBU.
     steps.append(Step("graph-decode", [py, "-m", "tinyserve.cuda_graph", "--json",
                                        str(tmp / "graph.json")], 120,
-                      json_out=tmp / "graph.json", alone=True))
+                      json_out=tmp / "graph.json", alone=True, timed=True))
     # The memory wall at the GPU preset (~1.4B parameters, bf16): MBU, rows, verify, spec
     # (issue 30); CUDA-graph compiles per bucket, so it gets the longest cap.
     steps.append(Step("bench:scale", [py, "-m", "tinyserve", "bench", "scale", "--json",
                                       str(tmp / "full-scale.json")], 240,
-                      tmp / "full-scale.json", alone=True))
+                      tmp / "full-scale.json", alone=True, timed=True))
     # The compiled path on the real model: eager and compiled tokens, step times, roofline.
     steps.append(Step("compiled-decode", [py, "-m", "tinyserve", "bench", "decode",
                                           "--json", str(tmp / "compiled.json")],
-                      240, json_out=tmp / "compiled.json", alone=True))
+                      240, json_out=tmp / "compiled.json", alone=True, timed=True))
     for suite in FULL_SUITES:
         if suite in bench.SUITES:
             out = tmp / f"full-{suite}.json"
             steps.append(Step(f"bench:{suite}", [py, "-m", "tinyserve", "bench", suite,
-                                                 "--json", str(out)], 150, out, alone=True))
-    steps.append(Step("pytest-gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p",
-                                     "no:cacheprovider", "-rs", *gpu_test_files()], 150))
-    for nb in sorted((REPO / "course").glob("*.ipynb")):
-        steps.append(Step(f"notebook:{nb.stem}", [py, "-m", "bench.gpu_check", "--notebook",
-                                                  str(nb), "--cell-timeout", "120"], 180))
+                                                 "--json", str(out)], 150, out, alone=True,
+                              timed=True))
     for suite in bench.SUITES:
         out = tmp / f"quick-{suite}.json"
         steps.append(Step(f"bench-quick:{suite}", [py, "-m", "tinyserve", "bench", suite,
                                                    "--quick", "--json", str(out)], 90, out,
                           smoke=True))
     return steps
+
+
+# ---------------------------------------------------------------- graph decode against eager
+
+GRAPH_TOKENS = 24
+
+
+def graph_tokens(out: Path | None = None, tokens: int = GRAPH_TOKENS) -> int:
+    """Graph decode against eager on the default device (a step's body): the shipped target
+    in fp32 (no near-ties between kernels of different reduction orders), three prompts of
+    different lengths, greedy. ``generate``, ``generate_batch``, the paged engine (pure
+    decode steps on static buffers) and speculative decoding (draft and verify passes on
+    static buffers) must each give the tokens the same path gives without graphs; the
+    capture time of the batch decoder's graph is recorded. Exit 1 on any difference."""
+    import torch
+    from tinyserve import load_model, load_tokenizer
+    from tinyserve.corpus import example_prompts
+    from tinyserve.cuda_graph import graph_decoder
+    from tinyserve.engine import EngineConfig, generate_many
+    from tinyserve.generate import generate, generate_batch
+    from tinyserve.speculative import ModelDrafter, speculative_generate
+
+    target = load_model("target", dtype=torch.float32)
+    draft = load_model("draft", dtype=torch.float32)
+    tok = load_tokenizer()
+    prompts = [tok.encode(p) for p in example_prompts(3)]
+    rows: dict[str, Any] = {"device": str(target.device), "tokens": tokens}
+
+    def engine(graph: bool) -> list[list[int]]:
+        return generate_many(target, prompts, tokens, EngineConfig(
+            num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
+            graph=graph))
+
+    def spec(graph: bool) -> list[list[int]]:
+        return [speculative_generate(target, ModelDrafter(draft, graph=graph), p, tokens, k=4,
+                                     graph=graph)[0] for p in prompts]
+
+    # Each path with graphs against the same path without: the same shapes but for the
+    # static buffers, so a difference is the graph's (or the static buffers'), not batching's.
+    pairs: dict[str, Callable[[bool], list[list[int]]]] = {
+        "generate": lambda g: [generate(target, p, tokens, graph=g).tokens for p in prompts],
+        "generate_batch": lambda g: generate_batch(target, prompts, tokens, graph=g),
+        "engine": engine,
+        "speculative": spec,
+    }
+    problems = []
+    for name, run in pairs.items():
+        want = run(False)
+        start = time.perf_counter()
+        got = run(True)
+        seconds = time.perf_counter() - start
+        first = next((i for row_got, row_want in zip(got, want)
+                      for i, (a, b) in enumerate(zip(row_got, row_want)) if a != b), None)
+        same = got == want
+        rows[name] = {"tokens_equal": same, "graph_seconds": round(seconds, 3)}
+        print(f"{name}: {'the same tokens' if same else 'DIFFERENT tokens'} with graphs as "
+              f"without ({seconds:.2f} s with graphs, captures included)", flush=True)
+        if not same:
+            problems.append(f"{name}: first difference at output token {first}: "
+                            f"{got} with graphs, {want} without")
+    decoder = graph_decoder(target, len(prompts), tokens=max(map(len, prompts)) + tokens)
+    decoder.release()
+    rows["captured"] = decoder.graph is not None
+    rows["capture_s"] = decoder.capture_seconds
+    print(f"capture: {decoder.capture_seconds}" if decoder.graph is not None else
+          "no capture here (not CUDA): the same static-buffer code, eagerly", flush=True)
+    if out is not None:
+        out.write_text(json.dumps({"suite": "graph-tokens", "measurements": rows,
+                                   "ratios": {}}, indent=2))
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
 
 
 # ---------------------------------------------------------------- the static import check
@@ -259,7 +348,8 @@ def run_step(step: Step, env: dict[str, str], timeout_s: float) -> dict[str, Any
             record["smoke" if step.smoke or data.get("quick") else "ratios"] = \
                 data.get("ratios", {})
             record["quick"] = data.get("quick")
-            if "measurements" in data and step.name in ("compiled-decode", "graph-decode"):
+            if "measurements" in data and step.name in ("compiled-decode", "graph-decode",
+                                                        "graph-tokens"):
                 record["measurements"] = data["measurements"]
         except (OSError, ValueError) as err:
             record["report_error"] = str(err)[:200]
@@ -299,8 +389,9 @@ def host_commit(given: str | None = None) -> tuple[str | None, str]:
 
 
 def _phases(steps: list[Step]) -> list[list[Step]]:
-    """Plan order, grouped: each timed step alone, each run of untimed steps together (the
-    checks, then the smoke suites: those never take a worker from a chapter)."""
+    """Plan order, grouped: each ``alone`` step on its own, each run of the other steps
+    together (the chapters, then the smoke suites: those never take a worker from a
+    chapter)."""
     phases: list[list[Step]] = []
     for s in steps:
         if s.alone or not phases or phases[-1][0].alone or phases[-1][0].smoke != s.smoke:
@@ -314,11 +405,16 @@ def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
             jobs: int = 1, commit: str | None = None) -> tuple[dict[str, Any], Path]:
     """Run the plan within the budget, in plan order; write and return the report.
 
-    Steps timed for their figures (``alone``) run one by one with nothing beside them;
-    each run of steps that only check something runs ``jobs`` at a time."""
+    Steps that run ``alone`` run one by one with nothing beside them; each run of steps that
+    only check something runs ``jobs`` at a time. The report is written after every phase
+    (``finished`` false, the steps still to come ``pending``), so a run killed from outside
+    (the device call's own limit) leaves what it had done; the last write is the whole."""
     started = time.perf_counter()
     info = device_info(device)
     git, source = host_commit(commit)
+    begun = _dt.datetime.now(_dt.timezone.utc)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{begun:%Y-%m-%d}-{_slug(info['device_name'])}.json"
 
     def attempt(step: Step, env: dict[str, str]) -> dict[str, Any]:
         left = budget_s - (time.perf_counter() - started)
@@ -326,6 +422,25 @@ def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
             return {"name": step.name, "status": "cut", "seconds": 0.0,
                     "note": f"not started: the {budget_s:.0f} s budget was spent"}
         return run_step(step, env, min(step.cap_s, left))
+
+    def write(steps: list[Step], done: dict[str, dict[str, Any]], finished: bool) -> dict[str, Any]:
+        records = [done.get(s.name) or {"name": s.name, "status": "pending", "seconds": 0.0}
+                   for s in steps]
+        counts = {st: sum(r["status"] == st for r in records)
+                  for st in ("ok", "failed", "timeout", "cut")}
+        data = {"kind": "gpu-check", "date": begun.isoformat(timespec="seconds"), **info,
+                "git_commit": git, "commit_source": source, "budget_s": budget_s,
+                "finished": finished, "total_s": round(time.perf_counter() - started, 2),
+                "counts": counts,
+                "skipped": [r["name"] for r in records if r["status"] in ("cut", "pending")],
+                "ratios": {r["name"]: r["ratios"] for r in records if r.get("ratios")},
+                "smoke": {r["name"]: r["smoke"] for r in records if r.get("smoke")},
+                "steps": records}
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        out = os.environ.get("OUT")
+        if out and Path(out).is_dir():
+            shutil.copy(path, Path(out) / path.name)
+        return data
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as name:
         tmp = Path(name)
@@ -337,30 +452,16 @@ def run_all(device: str, budget_s: float, only: list[str] | None, results: Path,
         if jobs > 1 and "OMP_NUM_THREADS" not in os.environ:   # side by side: share the cores
             shared_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // jobs))
         done: dict[str, dict[str, Any]] = {}
+        write(steps, done, finished=False)
         for phase in _phases(steps):
             if phase[0].alone:
                 done[phase[0].name] = attempt(phase[0], env)
-                continue
-            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                futures = {s.name: pool.submit(attempt, s, shared_env) for s in phase}
-                done.update({n: f.result() for n, f in futures.items()})
-        records = [done[s.name] for s in steps]
-    counts = {s: sum(r["status"] == s for r in records)
-              for s in ("ok", "failed", "timeout", "cut")}
-    now = _dt.datetime.now(_dt.timezone.utc)
-    data = {"kind": "gpu-check", "date": now.isoformat(timespec="seconds"), **info,
-            "git_commit": git, "commit_source": source, "budget_s": budget_s,
-            "total_s": round(time.perf_counter() - started, 2), "counts": counts,
-            "ratios": {r["name"]: r["ratios"] for r in records if r.get("ratios")},
-            "smoke": {r["name"]: r["smoke"] for r in records if r.get("smoke")},
-            "steps": records}
-    results.mkdir(parents=True, exist_ok=True)
-    path = results / f"{now:%Y-%m-%d}-{_slug(info['device_name'])}.json"
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    out = os.environ.get("OUT")
-    if out and Path(out).is_dir():
-        shutil.copy(path, Path(out) / path.name)
-    return data, path
+            else:
+                with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                    futures = {s.name: pool.submit(attempt, s, shared_env) for s in phase}
+                    done.update({n: f.result() for n, f in futures.items()})
+            write(steps, done, finished=False)
+        return write(steps, done, finished=True), path
 
 
 def run_notebook(path: Path, cell_timeout: int) -> int:
@@ -389,11 +490,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None,
                    help="steps side by side before the timed ones (default: 4 on cuda, 1 on cpu)")
     p.add_argument("--results", default=str(RESULTS), help="folder for the JSON report")
+    p.add_argument("--graph-tokens", nargs="?", const="", metavar="JSON",
+                   help="only graph decode against eager on the default device (a step)")
     p.add_argument("--notebook", help=argparse.SUPPRESS)   # internal: one notebook step
     p.add_argument("--cell-timeout", type=int, default=120, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.notebook:
         return run_notebook(Path(args.notebook), args.cell_timeout)
+    if args.graph_tokens is not None:
+        return graph_tokens(Path(args.graph_tokens) if args.graph_tokens else None)
     if args.check_imports:
         problems = check_imports()
         for line in problems:
@@ -416,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
                          args.commit)
     print(f"gpu-check on {data['device_name']}: {data['counts']} in {data['total_s']:.0f} s; "
           f"wrote {path}")
+    if data["skipped"]:
+        print(f"skipped for lack of time ({args.budget_s:.0f} s budget): "
+              f"{', '.join(data['skipped'])}")
     return 0 if data["counts"]["failed"] == data["counts"]["timeout"] == 0 else 1
 
 

@@ -49,8 +49,7 @@ def test_the_plan_covers_tests_notebooks_every_suite_and_the_compiled_path(tmp_p
     import bench
     steps = gpu_check.plan("cpu", tmp_path, 300)
     names = [s.name for s in steps]
-    assert "compiled-decode" in names and "pytest-gpu" in names
-    assert names[:2] == ["imports", "graph-decode"]
+    assert {"compiled-decode", "pytest-gpu", "graph-tokens", "graph-decode"} <= set(names)
     assert {f"bench-quick:{s}" for s in bench.SUITES} <= set(names)
     chapters = sorted(p.stem for p in (Path(gpu_check.REPO) / "course").glob("*.ipynb"))
     assert [n.split(":", 1)[1] for n in names if n.startswith("notebook:")] == chapters
@@ -59,19 +58,75 @@ def test_the_plan_covers_tests_notebooks_every_suite_and_the_compiled_path(tmp_p
     assert "tests/test_cuda_graph.py" in gpu_check.gpu_test_files()
 
 
-def test_the_order_is_imports_then_full_figures_then_checks_then_smoke(tmp_path: Path) -> None:
-    """What the budget cuts is the tail: the quick suites, never the full-size figures."""
+def test_correctness_comes_first_then_the_chapters_then_the_timed_suites(tmp_path: Path) -> None:
+    """What the budget cuts is the tail: the timed figures and the quick suites, never the
+    import check, the gpu-marked tests or graph decode against eager."""
     steps = gpu_check.plan("cpu", tmp_path, 300)
-    kinds = ["imports" if s.name == "imports" else "full" if s.alone else
-             "smoke" if s.smoke else "check" for s in steps]
-    assert kinds[0] == "imports"
+    assert [s.name for s in steps[:3]] == ["imports", "pytest-gpu", "graph-tokens"]
+    assert all(s.alone and not s.timed for s in steps[:3])
+    kinds = ["check" if i < 3 else "chapter" if s.name.startswith("notebook:") else
+             "timed" if s.timed else "smoke" if s.smoke else "other" for i, s in enumerate(steps)]
     order = [k for i, k in enumerate(kinds) if i == 0 or kinds[i - 1] != k]
-    assert order == ["imports", "full", "check", "smoke"], order
+    assert order == ["check", "chapter", "timed", "smoke"], order
+    assert all(s.alone for s in steps if s.timed)          # a timed step has the machine alone
     assert [s.name for s in steps if s.smoke] == [s.name for s in steps
                                                  if s.name.startswith("bench-quick:")]
     phases = gpu_check._phases(steps)
     assert all(len(p) == 1 for p in phases if p[0].alone)
-    assert [len(p) > 1 for p in phases if not p[0].alone] == [True, True]
+    assert [len(p) > 1 for p in phases if not p[0].alone] == [True, True]   # chapters, smoke
+
+
+def test_the_default_budget_fits_one_six_minute_device_call() -> None:
+    """The wheels' install and the start-up take ~30 s; what the budget leaves must cover
+    them and a step's kill, or the device call's own limit cuts the report."""
+    assert gpu_check.DEVICE_CALL_S == 360
+    assert gpu_check.DEFAULT_BUDGET_S + 60 <= gpu_check.DEVICE_CALL_S
+    import inspect   # the default lives in that one constant
+    assert "default=DEFAULT_BUDGET_S" in inspect.getsource(gpu_check.main)
+
+
+def test_graph_decode_against_eager_gives_the_same_tokens_here(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The ``graph-tokens`` step's body on the CPU: the static-buffer code, eagerly (on CUDA
+    the same calls capture and replay graphs)."""
+    out = tmp_path / "graph-tokens.json"
+    assert gpu_check.graph_tokens(out, tokens=8) == 0, capsys.readouterr()
+    rows = json.loads(out.read_text())["measurements"]
+    for name in ("generate", "generate_batch", "engine", "speculative"):
+        assert rows[name]["tokens_equal"] is True, rows
+    assert rows["captured"] is False and rows["capture_s"] is None
+
+
+def test_the_report_is_written_after_every_phase_and_names_what_was_skipped(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A run killed from outside (the device call's limit) still leaves a report: the steps
+    done, the rest ``pending``; a finished run lists what the budget cut under ``skipped``."""
+    py = sys.executable
+    results = tmp_path / "results"
+    seen: list[dict] = []
+
+    def look() -> None:
+        [path] = results.glob("*.json")
+        seen.append(json.loads(path.read_text()))
+    steps = [Step("first", [py, "-c", "print('one')"], 30, alone=True),
+             Step("second", [py, "-c", "import time; time.sleep(60)"], 100, alone=True),
+             Step("third", [py, "-c", "print('three')"], 30, alone=True)]
+    monkeypatch.setattr(gpu_check, "plan", lambda device, tmp, budget: steps)
+    real = gpu_check.run_step
+
+    def spy(step: Step, env: dict, timeout_s: float) -> dict:
+        look()
+        return real(step, env, timeout_s)
+    monkeypatch.setattr(gpu_check, "run_step", spy)
+    data, _ = gpu_check.run_all("cpu", 14, None, results)
+    assert [r["status"] for r in seen[0]["steps"]] == ["pending"] * 3
+    assert seen[0]["finished"] is False and seen[0]["skipped"] == ["first", "second", "third"]
+    assert [r["status"] for r in seen[1]["steps"]] == ["ok", "pending", "pending"]
+    assert data["finished"] is True
+    assert [r["status"] for r in data["steps"]] == ["ok", "cut", "cut"]
+    assert data["skipped"] == ["second", "third"]
+    look()
+    assert seen[-1] == data
 
 
 def test_every_notebook_import_of_the_package_resolves() -> None:
