@@ -231,3 +231,57 @@ def test_classic_mistakes_get_messages_that_name_them(source):
     for cell_id, fragment in wanted:
         assert cell_id in errors, f"{cell_id}: the wrong answer passed"
         assert fragment in errors[cell_id]["evalue"], (cell_id, errors[cell_id]["evalue"])
+
+
+# ------------------------------------------------ issue 38, finding 25: what the prose gives
+
+def _checked_values(nb) -> set:
+    """The answers the test cells (hidden ones included) compare with: each check_close or
+    check_equal's second argument that is a literal number (whole-number floats aside: those
+    are the brief's inputs and plain ratios the text teaches, 2.0 or 500.0)."""
+    import ast
+    wants = set()
+    for cell in nb.cells:
+        if not _is_test(cell):
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+                    "check_close", "check_equal") and len(node.args) >= 2:
+                try:
+                    value = ast.literal_eval(node.args[1])
+                except ValueError:
+                    continue
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 20:
+                    wants.add(value)
+                elif isinstance(value, float) and not value.is_integer():
+                    wants.add(value)
+    return wants
+
+
+def _renderings(value) -> set[str]:
+    if isinstance(value, float):
+        return {f"{value:.2f}", f"{value:.1f}"}
+    forms = {f"{value:,}", str(value)}
+    if value >= 2**27:                               # a byte count, as the prose would say it
+        forms |= {f"{value / 2**30:.2f} GiB", f"{value / 1e9:.2f} GB"}
+    return forms
+
+
+# Checked values the learner is told on purpose: the fixture's size, where it is introduced.
+GIVEN = {200}
+
+
+def test_the_prose_names_what_the_tests_read_and_gives_no_answer(source):
+    # The committed release (tests/test_autograder_release.py keeps it equal to a fresh one):
+    # the learner's text, mark schemes cut.
+    released = nbformat.read(ROOT / "exercises" / "harbor_capacity" / SOURCE.name, as_version=4)
+    markdown = "\n".join(c.source for c in released.cells if c.cell_type == "markdown")
+    given = sorted({form for value in _checked_values(source) - GIVEN
+                    for form in _renderings(value)
+                    if re.search(rf"(?<![\d.,]){re.escape(form)}(?![\d])", markdown)})
+    assert not given, f"the learner's prose states answers the tests check: {given}"
+    # 4a's tests read five names its template never binds: the task names each of them.
+    by_id = {c.get("id"): c for c in released.cells}
+    task = by_id["part4-intro"].source
+    tested = set(re.findall(r"check_close\((\w+),", by_id["test-device-constants"].source))
+    assert tested and all(f"`{name}`" in task for name in tested), (tested, task[-400:])
