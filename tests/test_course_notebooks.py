@@ -156,3 +156,28 @@ def test_predicts_before_measuring(path: Path) -> None:
         recorded = [i for i, s in enumerate(code) if ".record(" in s]
         assert recorded and min(recorded) > min(predictions), \
             f"{path.name}: the measurement must come after the guess and call .record(measured)"
+
+
+DRAWS = re.compile(r"plt\.(?:subplots|plot|figure|show)\(|display\(plots\.|\.plot\(|"
+                   r"plot_roofline\(|\.barh?\(")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_plot_of_a_held_answer_draws_before_a_guess(path: Path) -> None:
+    """A cell after a held measurement that draws its numbers waits for the guess (issue 38:
+    chapter 3's step-time plot showed the batch-64 answer before any commit): it draws under
+    ``if prediction.shown():`` (or inside ``.hold()``, or draws only what is not the answer,
+    checking ``.revealed``), until the next section heading."""
+    held, early = None, []
+    for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+        if cell.cell_type == "markdown":
+            if re.search(r"^#{1,3} ", cell.source, re.M):
+                held = None
+            continue
+        if ".record(" in cell.source and ".hold(" in cell.source:
+            held = i
+        elif held is not None and DRAWS.search(cell.source) and not any(
+                guard in cell.source for guard in (".shown()", ".revealed", ".hold(")):
+            early.append(i)
+    assert not early, (f"{path.name}: cells {early} draw after a held measurement without "
+                       f"waiting for the guess (wrap them in `if prediction.shown():`)")
