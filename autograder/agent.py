@@ -21,6 +21,7 @@ from .wire import Decoder, Encoder, WireError, allowed_class, class_path, object
     rebuild
 
 _objects: dict[int, object] = {}     # handle id -> object kept alive for the runner
+_held: list = []                     # tensors whose address was reported ("storage")
 _constants: dict[int, object] = {}   # number -> a tests' constant as sent (never handed out)
 _in_use: dict[int, object] = {}      # number -> this request's own copy of it
 _copies: dict[int, tuple] = {}       # id(copy) -> (copy, its version, number), this request
@@ -342,6 +343,13 @@ def _apply(req: dict):
         args = _decoder.decode(req.get("args", []))
         kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
         return _WithState(getattr(target, req["name"])(*args, **kwargs), target)
+    if op == "storage":
+        # Where the object's named tensors live and in what dtype: how it holds them (a cache
+        # filled in place keeps its allocation), the object's own state like its attributes.
+        tensors = [getattr(target, str(n), None) for n in req.get("names", [])]
+        _held.extend(t for t in tensors if hasattr(t, "data_ptr"))  # no address reused
+        return [[str(t.dtype), int(t.data_ptr())] if hasattr(t, "data_ptr") else None
+                for t in tensors]
     if op == "state":
         return _state(target)
     if op == "getattr":

@@ -274,7 +274,7 @@ class Channel:
     # requests ------------------------------------------------------------------------------
     def request(self, op: str, **fields):
         self.calls += 1
-        if op not in ("state", "name"):
+        if op not in ("state", "name", "storage"):
             self.epoch += 1
         try:
             msg = self._roundtrip(op, fields)
@@ -316,7 +316,7 @@ class Channel:
         self._tags.clear()
         self._request_lent = set()
         self.constants.begin()
-        encoded = {k: (v if k in ("ref", "name", "args_back") else self._encoder.encode(v))
+        encoded = {k: (v if k in ("ref", "name", "args_back", "names") else self._encoder.encode(v))
                    for k, v in fields.items()}
         return json.dumps({"op": op, "id": rid, **encoded}, separators=(",", ":"))
 

@@ -110,9 +110,11 @@ def _reads(fn: types.FunctionType) -> set[str]:
     return names
 
 
-def publication(bound: dict[str, object], cell_source: str, namespace: str) -> dict:
+def publication(bound: dict[str, object], cell_source: str, namespace: str,
+                already: frozenset[str] = frozenset()) -> dict:
     """The ``bind`` request's fields for what one read-only cell bound: ``imports``,
-    ``withheld``, ``values``, ``sources``, and ``lent`` (objects to lend before sending)."""
+    ``withheld``, ``values``, ``sources``, and ``lent`` (objects to lend before sending).
+    ``already``: names earlier read-only cells published (a helper here may read them)."""
     out: dict = {"imports": {}, "withheld": {}, "values": {}, "sources": {}, "lent": []}
     definitions = _definitions(cell_source)
     own: dict[str, types.FunctionType] = {}
@@ -129,7 +131,7 @@ def publication(bound: dict[str, object], cell_source: str, namespace: str) -> d
         else:
             module = getattr(value, "__module__", None) or getattr(value, "__name__", "")
             out["withheld"][name] = f"{type(value).__name__} from {str(module)[:60]}"
-    published = set(out["imports"]) | set(out["values"]) | set(dir(builtins))
+    published = set(out["imports"]) | set(out["values"]) | set(dir(builtins)) | set(already)
     for name, fn in own.items():
         plain = definitions.get(name) and _reads(fn) <= published | set(own)
         if plain:

@@ -100,6 +100,15 @@ KERNEL_FILES = ("__init__.py", "agent.py", "wire.py", "testkit.py", "kernel_boot
                 "kernel_helpers.py")
 
 
+def kernel_bytecode() -> list[str]:
+    """The compiled bytecode of autograder's kernel files (``__pycache__``), where Python looks
+    for it first: mounted when present, and never a flag when absent. Not the folder: it holds
+    every module's bytecode, the grader's too."""
+    import importlib.util
+    return [importlib.util.cache_from_source(str(Path(d) / f)) for d in package_dirs()
+            if Path(d).name == "autograder" for f in KERNEL_FILES]
+
+
 def readonly_roots(reference: bool = True) -> list[str]:
     """What the kernel may read: the OS, the Python installation, the venv, package sources
     (without the reference: autograder's kernel files only, and no tinyserve)."""
@@ -179,11 +188,18 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
         # A package installed inside a mounted root (not an editable install) is hidden under
         # an empty tmpfs; autograder's kernel files, mounted one by one, go back on top.
         for d in package_dirs():
-            if any(d.startswith(r.rstrip("/") + "/") for r in roots if not r.endswith(".py")):
-                argv.extend(["--tmpfs", d])
-                if Path(d).name == "autograder":
-                    for f in KERNEL_FILES:
-                        argv.extend(["--ro-bind", str(Path(d) / f), str(Path(d) / f)])
+            if not any(d.startswith(r.rstrip("/") + "/") for r in roots if not r.endswith(".py")):
+                if Path(d).name == "autograder":   # an editable install: its files are mounted
+                    for pyc in kernel_bytecode():
+                        ensure_parents(pyc)
+                        argv.extend(["--ro-bind-try", pyc, pyc])
+                continue
+            argv.extend(["--tmpfs", d])
+            if Path(d).name == "autograder":
+                for f in KERNEL_FILES:
+                    argv.extend(["--ro-bind", str(Path(d) / f), str(Path(d) / f)])
+                for pyc in kernel_bytecode():
+                    argv.extend(["--ro-bind-try", pyc, pyc])
     for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf"):
         argv.extend(["--ro-bind-try", etc, etc])
     ensure_parents(spec.run_dir)
@@ -208,7 +224,8 @@ def kernel_env(spec: SandboxSpec) -> dict[str, str]:
         "PYTHONDONTWRITEBYTECODE": "1", "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         "OMP_NUM_THREADS": "1", "TINYSERVE_DEVICE": "cpu",
         "AUTOGRADER_SANDBOX": spec.to_env(),
-        "AUTOGRADER_READ_ROOTS": json.dumps(readonly_roots(spec.reference)),
+        "AUTOGRADER_READ_ROOTS": json.dumps(readonly_roots(spec.reference) + (
+            [] if spec.reference else kernel_bytecode())),
     }
 
 

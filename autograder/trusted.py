@@ -49,6 +49,7 @@ class TrustedRunner:
         self.student_sources: list[str] = []   # the learner's cells the kernel ran, in order
         self.review_flags: list[str] = []       # for an instructor's review; never a verdict
         self.publishes = False                  # read-only cells run here only (a build assignment)
+        self.published: set[str] = set()        # names the read-only cells gave the kernel
         self.student_errors: list[str] = []     # "ename: evalue" of the learner's cells that raised
 
     def student_cell_ran(self, source: str = "", error: str = "") -> None:
@@ -114,7 +115,8 @@ class TrustedRunner:
 
     def _publish(self, bound: dict, source: str) -> None:
         from .publish import publication
-        fields = publication(bound, source, self.ns["__name__"])
+        fields = publication(bound, source, self.ns["__name__"], frozenset(self.published))
+        self.published.update(n for key in ("imports", "values", "sources") for n in fields[key])
         for fn in fields.pop("lent"):
             self.channel.lend(fn, ("__call__",), (), published=True)
         if any(fields.values()):

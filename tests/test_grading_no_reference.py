@@ -15,11 +15,9 @@ import time
 import pytest
 
 from build_exercise_checks import one_thread_kernels  # noqa: F401 - autouse fixture
-from exercise_checks import errors, execute_trusted, exercise_paths, source_fixture, with_answers
+from exercise_checks import errors, execute_trusted, exercise_paths, with_answers
 
 NAME = "build_model"
-SOURCE_DIR, SOURCE, _ = exercise_paths(NAME)
-source = source_fixture(SOURCE)
 POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
           "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
           "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
@@ -91,19 +89,78 @@ CONTAINER = {
 CONTAINER_POINTS = dict(POINTS, test_attention_causal=0)
 
 
-def _graded(source, answers: dict[str, str]) -> dict[str, int]:
-    nb = execute_trusted(with_answers(source, answers), SOURCE_DIR)
+# build_kv_cache. Finding 4: a loop that recomputes every step with the given forward while
+# writing zeros at the right positions, one pass each (the lent cache saw the right writes);
+# finding 7: a forward_cached that keeps the ids it was fed and recomputes them instead of
+# reading the cache; finding 1: the grader's reference prefill called as the learner's;
+# finding 6: a right cache_bytes after `from math import *` keeps its points.
+KV_POINTS = {"test_cache_bytes": 2, "test_cache_alloc": 2, "test_cache_write": 3, "test_forward_cached": 5,
+             "test_prefill": 2, "test_decode_step": 3, "test_generate_cached": 3}
+KV_HOSTILE = {
+    "cache": "from math import *\n"
+             "def cache_bytes(cfg, tokens, bytes_per_elem):\n"
+             "    return int(prod([2, cfg['num_hidden_layers'], tokens, cfg['num_key_value_heads'],\n"
+             "                     cfg['head_dim'], bytes_per_elem]))\n"
+             "class KVCache:\n"
+             "    def __init__(self, cfg, max_seq, device):\n"
+             "        shape = (cfg['num_hidden_layers'], cfg['num_key_value_heads'], max_seq, cfg['head_dim'])\n"
+             "        self.k, self.v, self.length = torch.zeros(shape, device=device), torch.zeros(shape, device=device), 0\n"
+             "    def write(self, layer, k, v, positions):\n"
+             "        self.k[layer][:, positions], self.v[layer][:, positions] = k, v\n"
+             "        self.length = max(self.length, int(positions.max()) + 1)\n"
+             "        return self.k[layer, :, :self.length], self.v[layer, :, :self.length]",
+    "forward_cached": "_FED = []\n"
+                      "def forward_cached(ids, positions, weights, cfg, cache):\n"
+                      "    if int(positions[0]) == 0:\n"
+                      "        _FED.clear()\n"
+                      "    _FED.extend(ids.tolist())\n"
+                      "    x = embed(ids, weights)\n"
+                      "    for i in range(cfg['num_hidden_layers']):\n"
+                      "        q, k, v = layer_qkv(x, positions, layer_weights(weights, i), cfg)\n"
+                      "        cache.write(i, k, v, positions)\n"
+                      "    every = torch.tensor(_FED, device=ids.device)\n"
+                      "    return forward(every, torch.arange(len(_FED), device=ids.device), weights, cfg)[-len(ids):]",
+    "prefill_decode": "def prefill(prompt_ids, weights, cfg, cache):\n"
+                      "    return _build_checks.piece_prefill(prompt_ids, weights, cfg, cache)\n"
+                      "def decode_step(token, weights, cfg, cache):\n"
+                      "    device = weights['model.embed_tokens.weight'].device\n"
+                      "    return forward_cached(torch.tensor([token], device=device),\n"
+                      "                          torch.tensor([cache.length], device=device), weights, cfg, cache)[-1]",
+    "generate": "def generate_cached(prompt_ids, n, weights, cfg, cache):\n"
+                "    device = weights['model.embed_tokens.weight'].device\n"
+                "    ids, new, kv = list(prompt_ids), [], (cfg['num_key_value_heads'], cfg['head_dim'])\n"
+                "    zeros = lambda t: torch.zeros(kv[0], t, kv[1], device=device)\n"
+                "    for i in range(cfg['num_hidden_layers']):\n"
+                "        cache.write(i, zeros(len(ids)), zeros(len(ids)), torch.arange(len(ids), device=device))\n"
+                "    while True:\n"
+                "        t = int(forward(torch.tensor(ids, device=device), torch.arange(len(ids), device=device),\n"
+                "                        weights, cfg)[-1].argmax())\n"
+                "        new.append(t)\n"
+                "        ids.append(t)\n"
+                "        if t == cfg['eos_token_id'] or len(new) == n or len(ids) == cfg['max_position_embeddings']:\n"
+                "            return new\n"
+                "        for i in range(cfg['num_hidden_layers']):\n"
+                "            cache.write(i, zeros(1), zeros(1), torch.tensor([len(ids) - 1], device=device))",
+}
+KV_HOSTILE_POINTS = dict(KV_POINTS, test_forward_cached=0, test_prefill=0, test_generate_cached=0)
+
+
+def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[str, int]:
+    import nbformat
+    source_dir, path, _ = exercise_paths(name)
+    nb = execute_trusted(with_answers(nbformat.read(path, as_version=4), answers), source_dir)
     failed = errors(nb)
-    return {gid: 0 if gid in failed else pts for gid, pts in POINTS.items()}
+    return {gid: 0 if gid in failed else pts for gid, pts in points.items()}
 
 
-@pytest.mark.parametrize("answers, points", [
-    (GRADERS_PIECES, GRADERS_PIECES_POINTS),
-    (SOURCE_NOT_RUN, SOURCE_NOT_RUN_POINTS),
-    (CONTAINER, CONTAINER_POINTS),
-], ids=["graders_pieces", "source_not_run", "container"])
-def test_hostile_submissions_earn_only_what_they_wrote(source, answers, points):
-    assert _graded(source, answers) == points
+@pytest.mark.parametrize("name, answers, points", [
+    (NAME, GRADERS_PIECES, GRADERS_PIECES_POINTS),
+    (NAME, SOURCE_NOT_RUN, SOURCE_NOT_RUN_POINTS),
+    (NAME, CONTAINER, CONTAINER_POINTS),
+    ("build_kv_cache", KV_HOSTILE, KV_HOSTILE_POINTS),
+], ids=["graders_pieces", "source_not_run", "container", "kv_cache_recompute"])
+def test_hostile_submissions_earn_only_what_they_wrote(name, answers, points):
+    assert _graded(name, answers, dict(POINTS if name == NAME else KV_POINTS)) == points
 
 
 # ------------------------------------------------------------------ the mechanisms
