@@ -57,3 +57,108 @@ def test_a_role_only_opening_chunk_is_no_token() -> None:
                         "finish_reason": None}, chat=True) == "Hi"
     assert _token_text({"index": 0, "delta": {"content": ""}, "finish_reason": None},
                        chat=True) == ""
+
+
+# --- issue 38: figures of the course's runs, one MBU reference, ridges with their threads ---
+
+import ast  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from tinyserve import roofline  # noqa: E402
+from tinyserve.workbook import course_runs, scale_sweeps  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "course").glob("*.ipynb"))
+# A figure a sentence could quote: a ratio, a time, a share, a rate ("1.2 to 1.5 times").
+FIGURE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:\s*(?:-|to)\s*\d+(?:\.\d+)?)?\s*"
+                    r"(?:x|ms|%|GB/s|times)(?!\w)")
+# A paragraph that speaks of the course machine's stored runs.
+CITES_A_RUN = re.compile(r"bench/results|course's (?:2-core )?(?:machine|run)|course machine|"
+                         r"quiet run")
+
+
+def _cells(path: Path, kind: str) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+            if c["cell_type"] == kind]
+
+
+def test_a_course_run_is_read_in_a_cell_never_typed() -> None:
+    # Chapters 8 and 9 quoted runs the results files no longer held (issue 38, findings 1-2):
+    # a paragraph that speaks of the course's runs quotes no figure; a cell reads it.
+    typed = [(p.name, FIGURE.findall(para)) for p in CHAPTERS for text in _cells(p, "markdown")
+             for para in text.split("\n\n") if CITES_A_RUN.search(para) and FIGURE.search(para)]
+    assert not typed, f"figures of a course run typed into prose (read them in a cell): {typed}"
+    reads = {p.name for p in CHAPTERS if "course_run(" in "\n".join(_cells(p, "code"))}
+    assert {"08_speculative_decoding.ipynb", "09_serving.ipynb"} <= reads, reads
+
+
+def test_course_runs_read_the_stored_reports_and_say_when_absent(tmp_path: Path) -> None:
+    peers = course_runs.course_run("peers")
+    if course_runs.RESULTS is not None:            # a checkout: the reports are there
+        assert peers is not None and "server_vs_transformers_output_throughput_prefix_on_c1" \
+            in peers["ratios"]
+        assert course_runs.provenance(peers).startswith("bench peers, ")
+    assert course_runs.course_run("peers", tmp_path) is None
+    assert course_runs.course_run("peers", None) is None
+    assert "not here" in course_runs.missing("peers")
+    assert course_runs.span([1.01, 0.88, 0.95]) == "0.88-1.01"
+    assert course_runs.span([-8.0, -0.2], "{:+.1f}") == "-8.0 to -0.2"
+    assert course_runs.span([1.234, 1.231]) == "1.23"
+
+
+def test_one_bandwidth_reference_and_one_flop_ceiling() -> None:
+    # Finding 4: MBU divides by the fastest read everywhere (a copy or a matvec alone inflated
+    # it); finding 13: one way to measure the FLOP ceiling on each device.
+    for path in CHAPTERS:
+        code = "\n".join(_cells(path, "code"))
+        assert "memory_bandwidth(" not in code, f"{path.name}: use read_bandwidth(...).best"
+        assert "matmul_flops(" not in code, f"{path.name}: use flop_ceiling or measure_ceilings"
+        for cell in _cells(path, "code"):
+            for reference in _mbu_references(cell):
+                assert ".best" in reference, \
+                    f"{path.name}: mbu(..., {reference}, ...) must divide by the fastest read"
+    assert "ReadBandwidth.best" in roofline.mbu.__doc__
+    assert scale_sweeps.CEILING_MATMUL_N == {"cpu": 1024, "cuda": 8192}
+
+
+def test_measure_ceilings_takes_the_flop_ceiling_and_records_threads(monkeypatch) -> None:
+    sizes = []
+    monkeypatch.setattr(scale_sweeps, "matmul_flops",
+                        lambda device, dtype, n: sizes.append(n) or 1e9)
+    c = scale_sweeps.measure_ceilings("cpu", nbytes=4 * 2**20)
+    assert sizes == [scale_sweeps.CEILING_MATMUL_N["cpu"]]
+    assert c.threads == torch.get_num_threads()
+    assert f"on {c.threads} torch thread" in c.describe()
+
+
+def _calls(source: str, name: str) -> list[ast.Call]:
+    try:
+        tree = ast.parse(source.replace("%matplotlib inline", ""))
+    except SyntaxError:                          # another IPython magic: nothing to check
+        return []
+    return [node for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == name]
+
+
+def _mbu_references(source: str) -> list[str]:
+    """The bandwidth argument (the second) of every ``mbu(...)`` call in a cell."""
+    clean = source.replace("%matplotlib inline", "")
+    return [ast.get_source_segment(clean, call.args[1]) or "" for call in _calls(source, "mbu")
+            if len(call.args) > 1]
+
+
+# A printed ridge: a value formatted next to the word, or this machine's FLOP rate / bandwidth.
+RIDGE = re.compile(r"ridge[^\"{}]{0,12}\{|\{[^}]*ridge|\{[^}]*flop_rate\s*/\s*bandwidth")
+
+
+def test_every_measured_ridge_is_printed_with_its_thread_count() -> None:
+    # Finding 9: chapters 1 and 6b run torch's default threads, 2-9 one; a ridge holds for its
+    # thread count, so each printed ridge says it (datasheet ridges excepted).
+    bare = [(p.name, line) for p in CHAPTERS for cell in _cells(p, "code")
+            for line in (ast.get_source_segment(cell.replace("%matplotlib inline", ""), call)
+                         or "" for call in _calls(cell, "print"))
+            if RIDGE.search(line) and "sheet" not in line
+            and "thread" not in line and ".describe()" not in line]
+    assert not bare, f"a ridge printed without its thread count: {bare}"
