@@ -9,7 +9,7 @@ notebooks when they change (a test holds them equal). The rule is deliberately s
   at about 238 words a minute; technical prose full of numbers and formulas, read to be
   understood, goes slower, so we use 180;
 * **running**: :data:`MINUTES_PER_CODE_CELL` for every code cell, to run it and read its code
-  and output (the cells themselves run in about a minute per notebook in total); an
+  and output (the cells themselves run in seconds to about two minutes per notebook); an
   exercise's test cells are not counted, since they are run, not read;
 * **exercises**: for every autograded answer cell :data:`MINUTES_PER_ANSWER_CELL` plus
   :data:`MINUTES_PER_SOLUTION_LINE` per line of the reference solution (a one-line choice is
