@@ -145,16 +145,19 @@ class _Lent:
     side, one call back each, while a test's call is running. Nothing of it lives here, so
     nothing here can change what the tests count."""
 
-    __slots__ = ("_number", "_type", "_methods", "_attributes")
+    __slots__ = ("_number", "_type", "_methods", "_attributes", "_live")
 
     def __init__(self, body) -> None:
-        number, kind, methods, attributes = body
+        number, kind, methods, attributes = body[:4]
         object.__setattr__(self, "_number", int(number))
         object.__setattr__(self, "_type", str(kind)[:80])
         object.__setattr__(self, "_methods", frozenset(str(m) for m in methods))
         object.__setattr__(self, "_attributes", frozenset(str(a) for a in attributes))
+        object.__setattr__(self, "_live", frozenset(str(a) for a in (body[4] if len(body) > 4 else ())))
 
     def __getattr__(self, name: str):
+        if name in self._live:
+            return _LentList(self._number, name)
         if name in self._methods:
             return lambda *args, **kwargs: _call_back(self._number, name, args, kwargs)
         if name in self._attributes:
@@ -172,6 +175,31 @@ class _Lent:
 
     def __repr__(self) -> str:
         return f"<the tests' {self._type}>"
+
+
+class _LentList:
+    """A list attribute of a lent object (a cache's ``lengths``): each item read or written
+    is a call back, so the tests' object holds what the learner's code wrote."""
+
+    __slots__ = ("_number", "_name")
+
+    def __init__(self, number: int, name: str) -> None:
+        self._number, self._name = number, name
+
+    def __getitem__(self, key):
+        return _call_back(self._number, f"{self._name}.__getitem__", (key,), {})
+
+    def __setitem__(self, key, value) -> None:
+        _call_back(self._number, f"{self._name}.__setitem__", (key, value), {})
+
+    def __len__(self) -> int:
+        return _call_back(self._number, f"{self._name}.__len__", (), {})
+
+    def __iter__(self):
+        return iter(_call_back(self._number, self._name, None, None))
+
+    def __repr__(self) -> str:
+        return repr(list(self))
 
 
 _ask = None   # the serving loop's exchange while a request runs, for calls back

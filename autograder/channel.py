@@ -222,6 +222,7 @@ class Channel:
         # by a read-only cell): a stand-in kept from an earlier call answers nothing.
         self._request_lent: set[int] = set()
         self._published: set[int] = set()
+        self._live: dict[int, tuple[str, ...]] = {}
         self.call_backs = 0   # served, all requests together
         # Arguments of a call back are data only: a handle there would need a request of its
         # own while the kernel waits for the call back's answer.
@@ -232,14 +233,17 @@ class Channel:
 
     # encoding ------------------------------------------------------------------------------
     def lend(self, obj, methods: tuple[str, ...], attributes: tuple[str, ...],
-             published: bool = False):
+             published: bool = False, live: tuple[str, ...] = ()):
         """Lend ``obj`` (kept here) to the learner's code: it crosses as a stand-in whose
         ``methods`` and ``attributes`` are served from here, one call back each, so what the
         object counts (its forward passes, say) is counted where the kernel cannot write. It
         answers during the requests that carry it; ``published`` (a read-only cell's own
         helper, bound in the learner's namespace): during every request."""
         number = self._lent_numbers.setdefault(id(obj), len(self._lent) + 1)
-        self._lent[number] = (obj, frozenset(methods), frozenset(attributes))
+        # A live list attribute: its items are read and written one call back each.
+        items = {f"{a}.{m}" for a in live for m in ("__getitem__", "__setitem__", "__len__")}
+        self._lent[number] = (obj, frozenset(methods) | items, frozenset(attributes) | set(live))
+        self._live[number] = tuple(live)
         if published:
             self._published.add(number)
         return obj
@@ -250,7 +254,9 @@ class Channel:
             _, methods, attributes = self._lent[number]
             self._request_lent.add(number)
             kind = getattr(obj, "__name__", None) or type(obj).__name__
-            return {"$lent": [number, str(kind)[:60], sorted(methods), sorted(attributes)]}
+            live = self._live.get(number, ())
+            return {"$lent": [number, str(kind)[:60], sorted(m for m in methods if "." not in m),
+                              sorted(attributes), list(live)]}
         if type(obj) is Remote:
             if obj._ch is not self:
                 raise WireError("a handle from another kernel")
@@ -392,8 +398,13 @@ class Channel:
                 if type(args) is not list or type(kwargs) is not dict:
                     raise WireError("malformed call back")
                 _check_size([args, kwargs], self.constants)
+                attr, _, method = name.rpartition(".")
+                target = getattr(obj, attr) if attr else obj
+                if attr and method == "__setitem__" and (len(args) != 2 or type(args[1]) is not type(
+                        target[args[0]])):
+                    raise TypeError(f"{attr}[...] keeps its type ({type(target[args[0]]).__name__})")
                 with _deadline(self.deadline):
-                    value = getattr(obj, name)(*args, **kwargs)
+                    value = getattr(target, method)(*args, **kwargs)
             else:
                 raise AttributeError(f"{name!r} is not lent to your code")
             return '{"ok":' + self._encoder.dumps(value) + "}"

@@ -111,10 +111,12 @@ def _reads(fn: types.FunctionType) -> set[str]:
 
 
 def publication(bound: dict[str, object], cell_source: str, namespace: str,
-                already: frozenset[str] = frozenset()) -> dict:
+                already: frozenset[str] = frozenset(), lend: frozenset[str] = frozenset()) -> dict:
     """The ``bind`` request's fields for what one read-only cell bound: ``imports``,
     ``withheld``, ``values``, ``sources``, and ``lent`` (objects to lend before sending).
-    ``already``: names earlier read-only cells published (a helper here may read them)."""
+    ``already``: names earlier read-only cells published (a helper here may read them);
+    ``lend``: the cell's own functions to lend even when plain (the template's ``_LEND``: a
+    given piece whose every call the tests count, however the learner's code reaches it)."""
     out: dict = {"imports": {}, "withheld": {}, "values": {}, "sources": {}, "lent": []}
     definitions = _definitions(cell_source)
     own: dict[str, types.FunctionType] = {}
@@ -133,7 +135,7 @@ def publication(bound: dict[str, object], cell_source: str, namespace: str,
             out["withheld"][name] = f"{type(value).__name__} from {str(module)[:60]}"
     published = set(out["imports"]) | set(out["values"]) | set(dir(builtins)) | set(already)
     for name, fn in own.items():
-        plain = definitions.get(name) and _reads(fn) <= published | set(own)
+        plain = name not in lend and definitions.get(name) and _reads(fn) <= published | set(own)
         if plain:
             out["sources"][name] = definitions[name]
         else:

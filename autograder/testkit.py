@@ -276,14 +276,17 @@ def yours_to_write(obj: object) -> object:
     return _mark(obj)
 
 
-def lend(obj: object, methods: tuple[str, ...], attributes: tuple[str, ...] = ()) -> object:
+def lend(obj: object, methods: tuple[str, ...], attributes: tuple[str, ...] = (),
+         live: tuple[str, ...] = ()) -> object:
     """Lend ``obj`` to the learner's code and keep it: at grading the learner's kernel gets a
     stand-in whose ``methods`` and ``attributes`` are served by this object, on the tests'
     side, so what it records (a model's forward passes) is the tests' own count, out of the
-    learner's reach. Elsewhere (a plain run of the notebook) ``obj`` itself. Returns ``obj``."""
+    learner's reach. ``live``: list attributes the learner's code reads and writes item by
+    item (``cache.lengths[slot] = 0``), each item a call back. Elsewhere (a plain run of the
+    notebook) ``obj`` itself. Returns ``obj``."""
     from .kernel_helpers import trusted_runner
     runner = trusted_runner()
-    return obj if runner is None else runner.channel.lend(obj, methods, attributes)
+    return obj if runner is None else runner.channel.lend(obj, methods, attributes, live=live)
 
 
 # Code objects of the public helpers, to notice when a submission swaps them out.

@@ -115,7 +115,9 @@ class TrustedRunner:
 
     def _publish(self, bound: dict, source: str) -> None:
         from .publish import publication
-        fields = publication(bound, source, self.ns["__name__"], frozenset(self.published))
+        lend = dict.get(self.ns, "_LEND", ())
+        fields = publication(bound, source, self.ns["__name__"], frozenset(self.published),
+                             frozenset(lend) if isinstance(lend, (tuple, list, set)) else frozenset())
         self.published.update(n for key in ("imports", "values", "sources") for n in fields[key])
         for fn in fields.pop("lent"):
             self.channel.lend(fn, ("__call__",), (), published=True)

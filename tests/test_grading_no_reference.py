@@ -145,6 +145,51 @@ KV_HOSTILE = {
 KV_HOSTILE_POINTS = dict(KV_POINTS, test_forward_cached=0, test_prefill=0, test_generate_cached=0)
 
 
+# build_batching. Finding 4: one counted batched call for show, then one prompt at a time
+# through an alias taken earlier; item 5: a pad_left that pads the caller's lists in place
+# (the notebook's Run All failed it, Validate did not), one forward_slots call per slot.
+BATCH_POINTS = {"test_pad_left": 3, "test_padded_mask": 3, "test_generate_static": 4,
+                "test_prefill_slot": 2, "test_decode_slots": 3, "test_serve": 5}
+BATCH_HOSTILE = {
+    "pad_left": "def pad_left(prompts, pad_id, device):\n"
+                "    T = max(len(p) for p in prompts)\n"
+                "    real = torch.tensor([[False] * (T - len(p)) + [True] * len(p) for p in prompts], device=device)\n"
+                "    for p in prompts:\n"
+                "        p[:0] = [pad_id] * (T - len(p))\n"
+                "    return torch.tensor(prompts, device=device), (real.cumsum(1) - 1).clamp(min=0), real",
+    "generate_static": "_fp = forward_padded\n"
+                       "def generate_static(prompts, n, weights, cfg):\n"
+                       "    device = weights['model.embed_tokens.weight'].device\n"
+                       "    ids, pos, real = pad_left([list(p) for p in prompts], cfg['pad_token_id'], device)\n"
+                       "    forward_padded(ids, pos, padded_mask(real), weights, cfg)\n"
+                       "    out = []\n"
+                       "    for p in prompts:\n"
+                       "        seq, new = list(p), []\n"
+                       "        while len(new) < n:\n"
+                       "            T = len(seq)\n"
+                       "            mask = torch.ones(1, T, T, dtype=torch.bool, device=device).tril()\n"
+                       "            logits = _fp(torch.tensor([seq], device=device), torch.arange(T, device=device)[None],\n"
+                       "                         mask, weights, cfg)\n"
+                       "            new.append(int(logits[0, -1].argmax()))\n"
+                       "            seq.append(new[-1])\n"
+                       "            if new[-1] == cfg['eos_token_id']:\n"
+                       "                break\n"
+                       "        out.append(new)\n"
+                       "    return out",
+    "slots_answer": "def prefill_slot(prompt, slot, weights, cfg, cache):\n"
+                    "    cache.lengths[slot] = 0\n"
+                    "    ids = torch.tensor([prompt], device=weights['model.embed_tokens.weight'].device)\n"
+                    "    return forward_slots(ids, torch.arange(len(prompt), device=ids.device)[None], [slot],\n"
+                    "                         weights, cfg, cache)[0, -1]\n"
+                    "def decode_slots(tokens, slots, weights, cfg, cache):\n"
+                    "    device = weights['model.embed_tokens.weight'].device\n"
+                    "    return torch.cat([forward_slots(torch.tensor([[t]], device=device),\n"
+                    "                                    torch.tensor([[cache.lengths[s]]], device=device), [s],\n"
+                    "                                    weights, cfg, cache)[:, 0] for t, s in zip(tokens, slots)])",
+}
+BATCH_HOSTILE_POINTS = dict(BATCH_POINTS, test_pad_left=0, test_generate_static=0, test_decode_slots=0)
+
+
 def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[str, int]:
     import nbformat
     source_dir, path, _ = exercise_paths(name)
@@ -158,9 +203,11 @@ def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[
     (NAME, SOURCE_NOT_RUN, SOURCE_NOT_RUN_POINTS),
     (NAME, CONTAINER, CONTAINER_POINTS),
     ("build_kv_cache", KV_HOSTILE, KV_HOSTILE_POINTS),
-], ids=["graders_pieces", "source_not_run", "container", "kv_cache_recompute"])
+    ("build_batching", BATCH_HOSTILE, BATCH_HOSTILE_POINTS),
+], ids=["graders_pieces", "source_not_run", "container", "kv_cache_recompute", "batching_uncounted"])
 def test_hostile_submissions_earn_only_what_they_wrote(name, answers, points):
-    assert _graded(name, answers, dict(POINTS if name == NAME else KV_POINTS)) == points
+    full = {NAME: POINTS, "build_kv_cache": KV_POINTS, "build_batching": BATCH_POINTS}[name]
+    assert _graded(name, answers, dict(full)) == points
 
 
 # ------------------------------------------------------------------ the mechanisms
