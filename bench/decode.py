@@ -9,7 +9,11 @@ its FLOPs over the measured matmul rate.
 Ratios:
 
 - ``decode_mbu_b1_eager`` / ``decode_mbu_b1_compiled``: memory bound / measured per-token
-  time at batch 1 (1.0 = as fast as the bytes can move);
+  time at batch 1 (1.0 = as fast as a large copy moves bytes). The copy is not the course's
+  one MBU reference, :func:`~tinyserve.roofline.read_bandwidth`'s best (issue 38): it is
+  never faster, so these MBUs read as high or higher than the chapters'. The stored runs were
+  measured this way; moving the suite to the best read is a code change that makes every
+  decode row stale, so it waits for a quiet rerun;
 - ``compiled_vs_eager_b1``: eager / compiled per-token time (greater than 1: compiled faster);
 - ``compile_s``: seconds the first compiled step took (tracing and code generation, with
   inductor's on-disk caches off: the cold compile a first user waits for).

@@ -11,10 +11,12 @@ neither side needs padding.
 
 **Roofline**: a decode step at batch 1 must read every weight and the cached keys and values
 once, so it cannot beat (weight bytes + KV bytes) / memory bandwidth. The suite measures the
-bandwidth with a large tensor copy, and reports that floor next to the per-token time we
-reach (our TPOT at batch 1). ``decode_roofline_fraction`` = floor / achieved: 1.0 would be
+bandwidth with a large tensor copy (what these threads can copy, counted as STREAM counts
+it; not the course's one reference, :func:`~tinyserve.roofline.read_bandwidth`'s best, which
+the stored runs predate), and reports that floor next to the per-token time we reach (our
+TPOT at batch 1). ``decode_roofline_fraction`` = floor / achieved: 1.0 would be
 bandwidth-bound; far below it, per-step overheads dominate. (On a CPU a 25 MB model partly
-fits in the last-level cache, so the floor from DRAM bandwidth is a conservative one.)
+fits in the last-level cache, so a floor from a copy far past the cache is a conservative one.)
 
 **Yardstick**: :mod:`bench.plain_loop`, greedy decoding in one plain function over the same
 weights (no modules, no cache class, no mask), timed in the same run and asserted to give
