@@ -50,14 +50,14 @@ class TrustedRunner:
         self.review_flags: list[str] = []       # for an instructor's review; never a verdict
         self.publishes = False                  # read-only cells run here only (a build assignment)
         self.published: set[str] = set()        # names the read-only cells gave the kernel
-        self.student_errors: list[str] = []     # "ename: evalue" of the learner's cells that raised
+        self.student_errors: list[tuple[str, str]] = []  # (source, "ename: evalue") of cells that raised
 
     def student_cell_ran(self, source: str = "", error: str = "") -> None:
         self.ns.forget_student_values()
         if source.strip():
             self.student_sources.append(source)
         if error:
-            self.student_errors.append(_cap(error, 300))
+            self.student_errors.append((source, _cap(error, 300)))
 
     def flag(self, text: str) -> None:
         """A review signal from a test (what the learner's source reads): listed for the
@@ -158,14 +158,15 @@ class TrustedRunner:
         return result
 
 
-def _failure(e: BaseException, student_errors: list[str] = ()):
+def _failure(e: BaseException, student_errors: list[tuple[str, str]] = ()):
     from .execute import CellResult
     student = getattr(e, "autograder_student", None)
     if isinstance(e, TemplateNameUnbound):
         return CellResult("error", "ReadOnlyCellFailed", str(e))
     if isinstance(e, NameError) and not student:
         name = getattr(e, "name", None) or str(e)
-        raised = (f" (a cell of yours raised {student_errors[-1]})" if student_errors else "")
+        errors = [err for source, err in student_errors if str(name) in source]
+        raised = f" (the cell of yours that defines it raised {errors[-1]})" if errors else ""
         return CellResult("error", "NotAnswered", f"`{_cap(name, 80)}` is not defined: "
                           f"run (or write) the answer cell that defines it{raised}")
     if student:
