@@ -242,6 +242,9 @@ class _Run:
         elif result.status == "timeout":
             self.report.events.append(f"{_label(cell, index)}: your code ran longer than "
                                       f"{timeout} s when the test called it and was interrupted")
+        elif result.ename == "GraderOverran":
+            self.report.events.append(f"{_label(cell, index)}: the grader's own work ran past the "
+                                      f"cell's {timeout} s (the grader's limit, not your code)")
 
     def _stop_if_failed(self, index: int) -> None:
         """stop_at_failure: a failed test cell ends the run (the integrity report still comes)."""
