@@ -162,3 +162,17 @@ def test_every_measured_ridge_is_printed_with_its_thread_count() -> None:
             if RIDGE.search(line) and "sheet" not in line
             and "thread" not in line and ".describe()" not in line]
     assert not bare, f"a ridge printed without its thread count: {bare}"
+
+
+def test_the_measurements_the_prose_now_rests_on_are_in_the_cells() -> None:
+    # Finding 3: on a GPU chapter 6 times int8 through quantize_model's CUDA choice, not a skip;
+    # finding 5: chapter 8 prices c and v on the passes its runs replay (CUDA graphs on a GPU);
+    # finding 7: chapter 7 sets the split against one process on two threads as well.
+    code = {p.name: "\n".join(_cells(p, "code")) for p in CHAPTERS}
+    assert 'quantize_model(big, kernel="auto")' in code["06_quantization.ipynb"]
+    assert "int8 skipped on CUDA: it runs there only" not in code["06_quantization.ipynb"]
+    assert "static_passes(" in code["08_speculative_decoding.ipynb"]
+    assert "for n in (1, 2):" in code["07_parallelism.ipynb"] \
+        and "torch.set_num_threads(n)" in code["07_parallelism.ipynb"]
+    # Finding 16: chunked prefill is SARATHI's (arXiv:2308.16369), before Sarathi-Serve.
+    assert "2308.16369" in "\n".join(_cells(ROOT / "course" / "05_scheduling.ipynb", "markdown"))
