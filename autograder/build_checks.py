@@ -375,6 +375,10 @@ def attention_variants(q: Tensor, k: Tensor, v: Tensor, qp: Tensor, kp: Tensor):
               <= torch.arange(q.shape[1], device=qp.device)[:, None]),
          "the mask compares indices, not positions: a query at position 40 over 41 cached keys "
          "sees every key at positions <= 40; compare k_positions with q_positions"),
+        (sdpa(q, ki, vi, attn_mask=torch.arange(k.shape[1], device=kp.device)[None, :]
+              <= torch.arange(q.shape[1], device=qp.device)[:, None] + (k.shape[1] - q.shape[1])),
+         "the mask is built from indices offset to the last keys (as if the queries were always "
+         "the newest tokens): queries can sit anywhere; compare k_positions with q_positions"),
         (torch.softmax((q @ ki.transpose(-1, -2) / q.shape[-1] ** 0.5).masked_fill(~mask, float("-inf")),
                        dim=-2) @ vi,
          "softmax over the queries: each query's weights run over the KEYS, the last dimension"),

@@ -100,6 +100,11 @@ MISTAKES = [
      "still counts the"),
     ("test_decode_slots", SLOT.format(position="cache.lengths[s] + 1"), "decode position off by one"),
     ("test_decode_slots", SLOT.format(position="max(cache.lengths)"), "every row decoded at the same position"),
+    ("test_serve",  # EOS ignored: Validate now sees it (issue 40)
+     "_solution_serve = serve\n"
+     "def serve(requests, weights, cfg, cache, static=False):\n"
+     "    return _solution_serve(requests, weights, dict(cfg, eos_token_id=-1), cache, static)",
+     "ends at its end token"),
     ("test_serve",
      "_solution_serve = serve\n"
      "def serve(requests, weights, cfg, cache, static=False):\n"

@@ -163,6 +163,10 @@ MISTAKES = [
     ("test_forward", FORWARD.format(out="rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T")
      .replace("decoder_block(x, positions,", "decoder_block(x, torch.arange(len(ids), device=ids.device),"),
      "ignores the positions it is given"),
+    ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask=(
+        "s = s.masked_fill(~(torch.arange(s.shape[-1], device=s.device)[None, :] <= "
+        "torch.arange(s.shape[-2], device=s.device)[:, None] + (s.shape[-1] - s.shape[-2])), float('-inf'))"))),
+     "offset to the last keys"),
     ("test_generate", GENERATE_SQUEEZED, "a .squeeze() drops it"),
     ("test_generate", GENERATE_SQUEEZED.replace(".squeeze()", "").replace(
         "        if new[-1] == cfg['eos_token_id']:\n            break\n", ""), "keeps going after the end token"),

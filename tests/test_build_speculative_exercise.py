@@ -98,6 +98,15 @@ MISTAKES = [
                    "        guesses.append(int(dm.feed(guesses[-1:])[-1].argmax()))\n"
                    "    return guesses", "feed only context[draft_model.length:]"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, keep="True")), "follows the draft's q"),
+    # Acceptance that does not stop at the first rejection: Validate now sees it (issue 40).
+    ("test_accept_greedy", "def accept_greedy(guesses, logits):\n"
+                           "    c = logits.argmax(-1).tolist()\n"
+                           "    kept = [g for g, t in zip(guesses, c) if g == t]\n"
+                           "    return kept + [c[len(kept)]]", "went on after a rejection"),
+    ("test_accept_sampled", SAMPLED.format(**GOOD_SAMPLED).replace(
+        "        return guesses[:i] + [int(torch.multinomial(r / r.sum(), 1, generator=generator))]",
+        "        guesses = guesses[:i] + [int(torch.multinomial(r / r.sum(), 1, generator=generator))] + guesses[i + 1:]"),
+     "the first of two guesses is rejected"),
     ("test_accept_sampled", SAMPLED.format(**dict(GOOD_SAMPLED, bonus="")), "bonus token"),
     # The loop runs on tinyserve's draft and accept_greedy: wrong parts 1 and 2 (their own tests
     # fail, above) leave part 3's points alone. None: the test cell must pass.
