@@ -186,6 +186,9 @@ MISTAKES = [
     ("test_attention_causal", ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] <= qp[:, None]), 0.0)")),
      "masked scores set to 0"),
     ("test_decoder_block", BLOCK_NO_RESIDUAL, "the attention's residual is missing"),
+    ("test_decoder_block", BLOCK_NO_RESIDUAL.replace("    h = a.transpose", "    h = x + a.transpose").replace(
+        "    T, H, K, d = x.shape[0]", "    cfg = dict(cfg, rms_norm_eps=1e-5)\n    T, H, K, d = x.shape[0]"),
+     "written into the block"),
     ("test_forward", FORWARD.format(out="rms_norm(rms_norm(x, weights['model.norm.weight'], cfg['rms_norm_eps']), "
                                         "weights['model.norm.weight'], cfg['rms_norm_eps']) @ E.T"), "applied twice"),
     ("test_decoder_block", RMS_IN_PLACE, None),
