@@ -26,6 +26,7 @@ import textwrap
 import types
 from collections.abc import Mapping
 
+from .publish import KERNEL_LIBRARIES
 from .scan import _safe_magic, global_names, to_python
 
 REFERENCE = "tinyserve"
@@ -75,14 +76,12 @@ def _star_imported(name: str, sources: list[str]) -> bool:
     """``name`` comes from a ``from MODULE import *`` of the learner's cells (a right answer
     using ``prod`` after ``from math import *`` reads a name no cell spells out)."""
     import importlib
-    for source in sources:
-        try:
-            tree = ast.parse(to_python(source))
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
+    for stmt, _ in _statements(sources):
+        for node in ast.walk(stmt):
+            # Only the kernel's own libraries are imported here to list their names: a
+            # module name the learner wrote is never imported on the trusted side otherwise.
             if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names) \
-                    and node.module and node.module.split(".")[0] != REFERENCE:
+                    and node.module and node.module.split(".")[0] in KERNEL_LIBRARIES:
                 try:
                     module = importlib.import_module(node.module)
                 except Exception:  # noqa: BLE001 - not importable here: not this name's source
@@ -94,13 +93,13 @@ def _star_imported(name: str, sources: list[str]) -> bool:
     return False
 
 
-def banned_in_candidates(sources: list[str], piece: str, banned: tuple[str, ...]) -> list[str]:
-    """Banned names used by any binding of ``piece`` that may be the one that ran: the last
-    binding outside an if, loop, with or try, and every binding after it (a reading of the
-    source cannot tell which branch ran, so a banned call in any of them costs the piece)."""
-    if not banned:
-        return []
-    candidates: list[tuple[ast.AST, str, bool]] = []
+# Statements whose binding runs whenever the cell does (no branch, loop, with or try).
+_PLAIN = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign,
+          ast.Import, ast.ImportFrom)
+
+
+def _statements(sources: list[str]):
+    """(module-level statement, its cell's text) of every learner cell that parses."""
     for source in sources:
         text = to_python(source)
         try:
@@ -108,12 +107,17 @@ def banned_in_candidates(sources: list[str], piece: str, banned: tuple[str, ...]
         except SyntaxError:
             continue
         for stmt in tree.body:
-            for name, node in _bound_by(stmt):
-                if name == piece:
-                    plain = isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                              ast.ClassDef, ast.Assign, ast.AnnAssign,
-                                              ast.Import, ast.ImportFrom))
-                    candidates.append((node, text, plain))
+            yield stmt, text
+
+
+def banned_in_candidates(sources: list[str], piece: str, banned: tuple[str, ...]) -> list[str]:
+    """Banned names used by any binding of ``piece`` that may be the one that ran: the last
+    binding outside an if, loop, with or try, and every binding after it (a reading of the
+    source cannot tell which branch ran, so a banned call in any of them costs the piece)."""
+    if not banned:
+        return []
+    candidates = [(node, text, isinstance(stmt, _PLAIN)) for stmt, text in _statements(sources)
+                  for name, node in _bound_by(stmt) if name == piece]
     last_plain = max((i for i, c in enumerate(candidates) if c[2]), default=0)
     found: set[str] = set()
     for node, text, _ in candidates[last_plain:]:
@@ -128,19 +132,8 @@ def banned_in_candidates(sources: list[str], piece: str, banned: tuple[str, ...]
 def review_notes(sources: list[str], piece: str) -> list[str]:
     """What a reading of the source cannot settle about which code ran: ``piece`` bound more
     than once, or inside a compound statement (an ``if``, a loop, a ``try``). For review."""
-    count, nested = 0, False
-    for source in sources:
-        try:
-            tree = ast.parse(to_python(source))
-        except SyntaxError:
-            continue
-        for stmt in tree.body:
-            names = {n for n, _ in _bound_by(stmt)}
-            if piece in names:
-                count += 1
-                nested |= not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                ast.ClassDef, ast.Assign, ast.Import,
-                                                ast.ImportFrom, ast.AnnAssign))
+    binding = [stmt for stmt, _ in _statements(sources) if piece in {n for n, _ in _bound_by(stmt)}]
+    count, nested = len(binding), any(not isinstance(stmt, _PLAIN) for stmt in binding)
     notes = []
     if count > 1:
         notes.append(f"bound {count} times in your cells: which one ran is read from the run, "
@@ -174,12 +167,7 @@ def _bindings(sources: list[str]) -> dict[str, tuple[ast.AST, str]]:
 def _bind(source: str, out: dict, depth: int = 0) -> None:
     """Record ``source``'s module-level bindings in ``out``, and those of the code a cell
     magic runs (``%%time`` over a cell defines what the cell defines)."""
-    text = to_python(source)
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return
-    for stmt in tree.body:
+    for stmt, text in _statements([source]):
         for name, node in _bound_by(stmt):
             out[name] = (node, text)
         for sub in ast.walk(stmt) if depth < 4 else ():
