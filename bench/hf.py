@@ -11,12 +11,12 @@ neither side needs padding.
 
 **Roofline**: a decode step at batch 1 must read every weight and the cached keys and values
 once, so it cannot beat (weight bytes + KV bytes) / memory bandwidth. The suite measures the
-bandwidth with a large tensor copy (what these threads can copy, counted as STREAM counts
-it; not the course's one reference, :func:`~tinyserve.roofline.read_bandwidth`'s best, which
-the stored runs predate), and reports that floor next to the per-token time we reach (our
+bandwidth as the course's one reference, the fastest of three ways to read a buffer far past
+the cache (:func:`~tinyserve.roofline.read_bandwidth`; runs before issue 38 took a copy's
+figure), and reports that floor next to the per-token time we reach (our
 TPOT at batch 1). ``decode_roofline_fraction`` = floor / achieved: 1.0 would be
 bandwidth-bound; far below it, per-step overheads dominate. (On a CPU a 25 MB model partly
-fits in the last-level cache, so a floor from a copy far past the cache is a conservative one.)
+fits in the last-level cache, so a floor from a read far past the cache is a conservative one.)
 
 **Yardstick**: :mod:`bench.plain_loop`, greedy decoding in one plain function over the same
 weights (no modules, no cache class, no mask), timed in the same run and asserted to give
@@ -42,7 +42,7 @@ from tinyserve.generate import generate, generate_batch
 from tinyserve.hf_export import write_hf_checkpoint
 from tinyserve.metrics import tpot
 from tinyserve.model import TinyLlama
-from tinyserve.roofline import memory_bandwidth
+from tinyserve.roofline import read_bandwidth
 from tinyserve.tokenizer import load_tokenizer
 
 from .common import (QUICK_CONFIG, interleaved_seconds, load_bench_model, median_ratio, report,
@@ -74,7 +74,7 @@ def _roofline(model: TinyLlama, prompt: list[int], prompt_len: int, n_new: int, 
     """Batch 1: the bytes one decode step must read over the bandwidth vs our TPOT (the
     fastest of ``repeats`` generations)."""
     device = model.device
-    bandwidth = memory_bandwidth(device, (16 if quick else 512) * 2**20)
+    bandwidth = read_bandwidth(device, (16 if quick else 512) * 2**20).best  # the one reference
     weight_bytes = model.num_parameters() * model.dtype.itemsize
     mid_context = prompt_len + n_new // 2
     kv_bytes = kv_bytes_for_config(model.config, mid_context, model.dtype)
@@ -82,7 +82,7 @@ def _roofline(model: TinyLlama, prompt: list[int], prompt_len: int, n_new: int, 
     achieved = [x for x in (tpot(generate(model, prompt, n_new, compile=compile))
                             for _ in range(repeats))
                 if x is not None]
-    # The fastest run, as the bandwidth is the fastest copy (tinyserve.roofline: other
+    # The fastest run, as the bandwidth is the fastest read (tinyserve.roofline: other
     # programs only ever slow a run down): a median here against a best there understated
     # the fraction by however busy the machine was while generating.
     achieved_s = min(achieved)

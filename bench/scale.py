@@ -57,8 +57,8 @@ from tinyserve.generate import extend, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 from tinyserve.roofline import (ReadBandwidth, bounds_seconds, decode_cost, eager_step_seconds,
-                                matmul_flops, mbu, measured_knee, per_token_seconds,
-                                read_bandwidth, roofline_knee)
+                                flop_ceiling, matmul_flops, mbu, measured_knee,
+                                per_token_seconds, read_bandwidth, roofline_knee)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
 from .common import QUICK_CONFIG, interleaved_seconds, report, table, write_json
@@ -399,8 +399,7 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
 
     def ceilings() -> tuple[ReadBandwidth, float]:
         return (read_bandwidth(device, (16 if quick else 512) * 2**20),
-                matmul_flops(device, dtype,
-                             256 if quick else (4096 if device.type == "cuda" else 1024)))
+                matmul_flops(device, dtype, 256) if quick else flop_ceiling(device, dtype))
     # The machine's ceilings are measured before the model exists and again after the sweep,
     # each way keeping its faster figure: a busy spell only ever slows a measurement, and one
     # taken during a spell would make every step look faster than the memory (an MBU above 1).

@@ -120,12 +120,17 @@ def test_one_bandwidth_reference_and_one_flop_ceiling() -> None:
                 assert ".best" in reference, \
                     f"{path.name}: mbu(..., {reference}, ...) must divide by the fastest read"
     assert "ReadBandwidth.best" in roofline.mbu.__doc__
-    assert scale_sweeps.CEILING_MATMUL_N == {"cpu": 1024, "cuda": 8192}
+    assert roofline.CEILING_MATMUL_N == {"cpu": 1024, "cuda": 8192}
+    assert scale_sweeps.flop_ceiling is roofline.flop_ceiling
+    # ...and the suites whose reports the chapters cite divide by the same two ceilings.
+    for suite in ("decode", "hf", "scale"):
+        code = (ROOT / "bench" / f"{suite}.py").read_text()
+        assert "memory_bandwidth(" not in code and "4096 if" not in code, suite
 
 
 def test_measure_ceilings_takes_the_flop_ceiling_and_records_threads(monkeypatch) -> None:
     sizes = []
-    monkeypatch.setattr(scale_sweeps, "matmul_flops",
+    monkeypatch.setattr(roofline, "matmul_flops",
                         lambda device, dtype, n: sizes.append(n) or 1e9)
     c = scale_sweeps.measure_ceilings("cpu", nbytes=4 * 2**20)
     assert sizes == [scale_sweeps.CEILING_MATMUL_N["cpu"]]

@@ -14,7 +14,8 @@ launches and small-tensor bookkeeping, which the bounds do not count.
 Both machine figures are *measured* here, not taken from a datasheet: the bandwidth as the
 fastest of several ways to read a buffer far larger than the cache (:func:`read_bandwidth`: a
 reduction, a copy counted read + write, a matrix-vector product; :func:`memory_bandwidth` is
-the copy alone) and a large matmul for the FLOP rate.
+the copy alone) and a large matmul for the FLOP rate (:func:`flop_ceiling`: one size per
+device type). The course divides by one bandwidth everywhere, ``read_bandwidth(...).best``.
 """
 from __future__ import annotations
 
@@ -69,6 +70,20 @@ def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     return 2 * n**3 / min(_timings(lambda: a @ b, device, repeats))
+
+
+#: The side of the square matmul that measures the FLOP ceiling, by device type: one way for
+#: every chapter and suite (issue 38). On a CPU 1024 (2 GFLOP: tens of milliseconds on one
+#: thread, past the size where the BLAS kernel reaches its rate); on a GPU 8192 (1.1 TFLOP),
+#: since a smaller matmul is too short to fill every multiprocessor and reads below the peak.
+CEILING_MATMUL_N = {"cpu": 1024, "cuda": 8192}
+
+
+def flop_ceiling(device: torch.device | str, dtype: torch.dtype = torch.float32) -> float:
+    """The FLOP ceiling every chapter and suite divides by: :func:`matmul_flops` of a
+    :data:`CEILING_MATMUL_N` matmul on ``device``, in ``dtype``, on the calling threads."""
+    device = torch.device(device)
+    return matmul_flops(device, dtype, CEILING_MATMUL_N.get(device.type, 1024))
 
 
 @dataclass(frozen=True)

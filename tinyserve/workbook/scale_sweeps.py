@@ -20,22 +20,9 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 from ..generate import clock, decode_step, prefill
 from ..kv_cache import KVCache
-from ..roofline import decode_cost, eager_step_seconds, matmul_flops, read_bandwidth
+from ..roofline import CEILING_MATMUL_N  # noqa: F401 - the chapters read it from here too
+from ..roofline import decode_cost, eager_step_seconds, flop_ceiling, matmul_flops, read_bandwidth
 from .roofline_lab import NEAR, cache_bytes
-
-
-#: The side of the square matmul that measures the FLOP ceiling, by device type: one way for
-#: every chapter and sweep (issue 38). On a CPU 1024 (2 GFLOP: tens of milliseconds on one
-#: thread, past the size where the BLAS kernel reaches its rate); on a GPU 8192 (1.1 TFLOP),
-#: since a smaller matmul is too short to fill every multiprocessor and reads below the peak.
-CEILING_MATMUL_N = {"cpu": 1024, "cuda": 8192}
-
-
-def flop_ceiling(device: torch.device | str, dtype: torch.dtype = torch.float32) -> float:
-    """The FLOP ceiling every chapter divides by: :func:`tinyserve.roofline.matmul_flops` of a
-    :data:`CEILING_MATMUL_N` matmul on ``device``, in ``dtype``, on the calling threads."""
-    device = torch.device(device)
-    return matmul_flops(device, dtype, CEILING_MATMUL_N.get(device.type, 1024))
 
 
 @dataclass(frozen=True)
