@@ -35,6 +35,7 @@ help:
 	@echo "make train   retrain the shipped models (target and draft)"
 	@echo "make bench   every CPU benchmark suite into bench/results/, then the README's ledger"
 	@echo "make peers   install guidellm and transformers serve (own venvs) for bench peers"
+	@echo "make torch-floor   the oldest supported torch in a throwaway venv: every decoding path once"
 
 # The stamp depends on pyproject.toml, so a changed dependency list reinstalls.
 $(VENV)/.stamp-base: pyproject.toml
