@@ -22,6 +22,8 @@ from jupyter_core.utils import ensure_async
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+from .result import CellResult, RunReport
+
 ARM = "import autograder.testkit"
 WITHHOLD = "__import__('autograder.agent').agent.withhold_reference()"
 # Prepended to every test cell: re-import the helpers (undoing any rebinding) and check the
@@ -30,25 +32,6 @@ GUARD = ("from autograder.testkit import check_close, check_equal, check; "
          "__import__('autograder.testkit').testkit._guard()\n")
 TIMEOUT_NAME = "CellTimeout"
 STOPPED = "an earlier test failed and the run stopped there (stop_at_failure)"
-
-
-@dataclass
-class CellResult:
-    status: str                    # ok | error | timeout | not_run
-    ename: str = ""
-    evalue: str = ""
-    student: bool = False          # the error was raised by the student's code
-
-
-@dataclass
-class RunReport:
-    cells: dict[int, CellResult] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
-    integrity: dict | None = None
-    kernel_died: bool = False
-    seconds: float = 0.0
-    channel_calls: int = 0
-    flags: list[str] = field(default_factory=list)   # for review: the worker reports them
 
 
 class _Client(NotebookClient):

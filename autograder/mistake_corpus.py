@@ -7,7 +7,20 @@ solution code, so it never goes into a release.
 """
 from __future__ import annotations
 
-from .semantic_mutants import Mistake as M
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """One learner mistake: ``edits`` (old text, new text) applied to answer cell ``cell``;
+    ``pieces``: the test cells allowed to lose points for it (its own piece's tests)."""
+    name: str
+    cell: str
+    edits: tuple[tuple[str, str], ...]
+    pieces: tuple[str, ...]
+
+
+M = Mistake
 
 EPS = 'x.pow(2).mean(dim=-1, keepdim=True) + eps)'
 MASK = "visible = k_positions[None, :] <= q_positions[:, None]"

@@ -18,7 +18,6 @@ and it loses them only in its own piece's tests (one slip costs one piece).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 import re
 import shutil
@@ -27,18 +26,9 @@ import tempfile
 import nbformat
 
 from .course import Course, CourseError, release
+from .mistake_corpus import CORPUS, Mistake
 
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """One learner mistake: ``edits`` (old text, new text) applied to answer cell ``cell``;
-    ``pieces``: the test cells allowed to lose points for it (its own piece's tests)."""
-    name: str
-    cell: str
-    edits: tuple[tuple[str, str], ...]
-    pieces: tuple[str, ...]
 
 
 def apply(mistake: Mistake, source: str) -> str:
@@ -125,7 +115,6 @@ def semantic_report(course: Course, name: str, *, mistakes: list[Mistake] | None
     visible ones; returns {"assignment", "max_score", "mistakes": [...], "goals": {...}}."""
     course.check_assignment(name)
     if mistakes is None:
-        from .mistake_corpus import CORPUS
         if name not in CORPUS:
             raise CourseError(f"no semantic mistakes for {name!r}; the corpus covers "
                               f"{', '.join(CORPUS)}")

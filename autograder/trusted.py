@@ -14,6 +14,7 @@ import sys
 
 import nbformat
 
+from .result import CellResult
 from .channel import Channel, GraderOverran, KernelLost, StudentTimeout, TemplateNameUnbound, \
     TestNamespace, _cap
 from .scan import to_python
@@ -134,7 +135,6 @@ class TrustedRunner:
         """Run a test cell here; its outputs replace the cell's, and a CellResult says how."""
         import time
 
-        from .execute import CellResult
         out = _CappedText()
         self.channel.deadline = time.monotonic() + timeout
         result = CellResult("ok")
@@ -159,7 +159,6 @@ class TrustedRunner:
 
 
 def _failure(e: BaseException, student_errors: list[tuple[str, str]] = ()):
-    from .execute import CellResult
     student = getattr(e, "autograder_student", None)
     if isinstance(e, TemplateNameUnbound):
         return CellResult("error", "ReadOnlyCellFailed", str(e))
