@@ -353,7 +353,7 @@ def _apply(req: dict):
         # it sets up what the learner's code works with here (a cache, a device).
         from .kernel_helpers import resolve
         name = str(req.get("name", ""))
-        helper = resolve(name, _user_ns())
+        helper = resolve(name)
         if helper is None:
             raise WireError(f"no kernel helper {name[:40]!r}")
         args = _decoder.decode(req.get("args", []))

@@ -1,17 +1,19 @@
 """How the build track's tests judge a piece (shared by every build_* assignment; no answers here).
 
 ``check_tensor`` compares a tensor with the reference and, when it differs, names the classic
-mistake it matches. ``check_own`` holds a piece to being the learner's own PyTorch: tinyserve
-is importable on purpose (it is the reference every test compares with), so a piece that
-calls it, or copies it, proves nothing and earns no points. It looks twice:
+mistake it matches. At grading (and Validate) a build assignment's kernel holds no reference
+(``autograder.publish``): these helpers run on the trusted side only. ``with_pieces`` runs a
+learner's function with the earlier pieces bound to lent stand-ins of the reference pieces
+below; ``changed_inputs``, ``called_with`` and ``storage`` read what the call itself answers
+(its arguments after it, where an object's tensors live). ``check_own`` holds a piece to being
+the learner's own PyTorch: where the kernel holds no reference, the submitted source is read
+for review and only a name the exercise bans costs the piece; in a plain run of the notebook,
+where tinyserve is importable, it looks twice:
 
 * in the code: every name the function (and the helpers it calls, other graded pieces
   excepted) reads, and where each object comes from;
 * at run time: the piece is called again with tinyserve unavailable (its modules hidden from
   ``import`` and every notebook name bound to it replaced); it must still work.
-
-The test cells import these before any answer cell runs, and the testkit helpers they call
-capture their own references, so code written later cannot change a verdict.
 """
 from __future__ import annotations
 
@@ -24,7 +26,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from autograder.kernel_helpers import in_kernel  # noqa: F401 - the notebooks' _in_kernel
 from autograder.kernel_helpers import trusted_runner as _trusted_runner
 from autograder.testkit import check
 
@@ -123,12 +124,6 @@ def _copied_lines(fn: object) -> list[str]:
     except (OSError, TypeError):
         return []
     return copied_lines(source, frozenset(_REFERENCE_LINES))
-
-
-def device_name() -> str:
-    """The device the learner's code runs on (their kernel's default device)."""
-    import tinyserve
-    return str(tinyserve.default_device())
 
 
 class _Unavailable(types.ModuleType):
@@ -446,16 +441,6 @@ def model_from_spec(spec: tuple, device: torch.device | str):
         return random_model(device, spec[1], **dict(spec[2]))[0]
     from tinyserve.checkpoint import load_model
     return load_model(spec[0], device=device, dtype=torch.float32)
-
-
-def reference_cache(cfg: dict, max_seq: int, device: torch.device | str,
-                    prefill: tuple | None = None) -> ReferenceCache:
-    """A ReferenceCache, prefilled with ``prefill = (spec, prompt)`` if given. Called in the
-    learner's kernel, it stays there; a trusted runner holds a handle on it."""
-    cache = ReferenceCache(cfg, max_seq, device)
-    if prefill is not None:
-        cache.prefill_with(*prefill)
-    return cache
 
 
 # ------------------------------------------------------------------ reference pieces

@@ -1,12 +1,13 @@
 """Set-up the tests run in the learner's kernel: called by name, treated as answers.
 
-Some of what a test hands the learner's code must live where that code runs: a KV cache it
-fills, the kernel's device, the mirror of the requests a scheduling policy is asked about.
-Tests get those through ``in_kernel``: at grading, a call goes to the kernel by a name listed
-here (or to a read-only cell's own ``_kernel_...`` function there), never by a name the
-template binds, and what comes back is the kernel's, exactly as an answer is (data, or a
-handle on an object that stays there). None of these helpers judges anything: the tests
-compare what the learner's code returns with their own references, on their own side.
+Some of what a test hands the learner's code must live where that code runs: the mirror of
+the requests a scheduling policy is asked about. Tests get it through ``in_kernel``: at
+grading, a call goes to the kernel by a name listed here, resolved to a module path of the
+grader's own (never a name of the learner's namespace, which the learner could rebind), and
+what comes back is the kernel's, exactly as an answer is (data, or a handle on an object
+that stays there). None of these helpers judges anything: the tests compare what the
+learner's code returns with their own references, on their own side. A build assignment's
+kernel holds none of them (it holds no reference: ``autograder.publish``).
 """
 from __future__ import annotations
 
@@ -15,12 +16,8 @@ import sys
 
 # name -> "module:attribute" of the helper the kernel runs under that name.
 HELPERS = {
-    "reference_cache": "autograder.build_checks:reference_cache",
-    "call_with_pieces": "autograder.build_checks:call_with_pieces",
-    "device_name": "autograder.build_checks:device_name",
     "policy_driver": "autograder.remote_policy:PolicyDriver",
 }
-NOTEBOOK_PREFIX = "_kernel_"   # read-only cells' own set-up functions, by name
 
 
 def trusted_runner():
@@ -35,11 +32,8 @@ def _name_of(fn) -> str:
     for name, where in HELPERS.items():
         if where == path:
             return name
-    name = getattr(fn, "__name__", "")
-    if name.startswith(NOTEBOOK_PREFIX):
-        return name
-    raise ValueError(f"{path!r} is neither a kernel helper (autograder.kernel_helpers.HELPERS) "
-                     f"nor a read-only cell's {NOTEBOOK_PREFIX}... function")
+    raise ValueError(f"{path!r} is not a kernel helper (autograder.kernel_helpers.HELPERS): a "
+                     "test lends what it keeps (testkit.lend) instead")
 
 
 def in_kernel(fn):
@@ -57,11 +51,9 @@ def in_kernel(fn):
     return call
 
 
-def resolve(name: str, user_ns: dict):
+def resolve(name: str):
     """The kernel's side: the helper ``name`` stands for, or None if it names none."""
     if name in HELPERS:
         module, _, attr = HELPERS[name].partition(":")
         return getattr(importlib.import_module(module), attr)
-    if name.startswith(NOTEBOOK_PREFIX):
-        return user_ns.get(name)   # the notebook's own, as the learner's code sees it
     return None

@@ -326,3 +326,17 @@ def test_the_sandbox_of_a_build_assignment_mounts_no_reference(tmp_path):
     if bwrap_path() is not None:
         argv = " ".join(bwrap_argv(SandboxSpec(run_dir=str(tmp_path / "run"), reference=False), ["true"]))
         assert "build_checks.py" not in argv and "own_source" not in argv
+
+
+def test_a_trusted_test_finds_its_runner_by_module_name():
+    """kernel_helpers and build_checks find the running trusted runner through
+    sys.modules["autograder.trusted"]: if that lookup found nothing at grading, helpers would
+    run as in a plain notebook run (the learner's objects taken as the tests' own)."""
+    import nbformat
+
+    from autograder.trusted import TrustedRunner
+    runner = TrustedRunner(lambda text, timeout: None, cwd=".")
+    cell = nbformat.v4.new_code_cell(
+        "from autograder.kernel_helpers import trusted_runner\n"
+        "assert trusted_runner() is not None, 'no trusted runner found by module name'")
+    assert runner.run_test(cell, "probe", timeout=10).status == "ok"
