@@ -38,14 +38,20 @@ def as_efficient_layout(out: torch.Tensor) -> torch.Tensor:
 
 class EfficientLayoutSDPA:
     """A stand-in for ``F.scaled_dot_product_attention``: the real call, its output
-    re-laid as the memory-efficient kernel's. Counts its calls (a test that imposes the
-    layout on code that never reached SDPA would prove nothing)."""
+    re-laid as the memory-efficient kernel's. Counts its eager calls (a test that imposes
+    the layout on code that never reached SDPA would prove nothing)."""
 
     def __init__(self) -> None:
         self.calls = 0
+        # What torch's override machinery reads off every function of torch.nn.functional
+        # (torch.compile walks them): a name, like the function it stands in for.
+        self.__name__ = self.__qualname__ = "scaled_dot_product_attention"
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self.calls += 1
+        if not torch.compiler.is_compiling():
+            # eager calls only: a count that changes inside a traced step would be guarded
+            # on, and each new value would recompile it
+            self.calls += 1
         return as_efficient_layout(_REAL_SDPA(*args, **kwargs))
 
 
