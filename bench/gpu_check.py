@@ -231,7 +231,8 @@ def graph_tokens(out: Path | None = None, tokens: int = GRAPH_TOKENS) -> int:
     decoder.release()
     rows["captured"] = decoder.graph is not None
     rows["capture_s"] = decoder.capture_seconds
-    print(f"capture: {decoder.capture_seconds}" if decoder.graph is not None else
+    print(f"capture of the batch decoder's graph: {decoder.capture_seconds:.3f} s"
+          if decoder.graph is not None and decoder.capture_seconds is not None else
           "no capture here (not CUDA): the same static-buffer code, eagerly", flush=True)
     if out is not None:
         out.write_text(json.dumps({"suite": "graph-tokens", "measurements": rows,
