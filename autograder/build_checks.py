@@ -486,9 +486,9 @@ def block_variants(x: Tensor, positions: Tensor, w: dict, cfg: dict) -> tuple:
              "the MLP's residual is missing: out = h + mlp(post_attention_layernorm(h))"),
             (_block(x, positions, w, cfg, pre_norm=False),
              "the attention reads x unnormalised: input_layernorm(x) feeds q, k and v (pre-norm)"),
-            *(((_block(x, positions, w, dict(cfg, rms_norm_eps=e)),
-                f"eps = {e:g} written into the block: the norms take cfg['rms_norm_eps'] "
-                f"({cfg['rms_norm_eps']:g} here)"),) for e in (1e-5, 1e-6) if e != cfg["rms_norm_eps"]))
+            *((_block(x, positions, w, dict(cfg, rms_norm_eps=e)),
+               f"eps = {e:g} written into the block: the norms take cfg['rms_norm_eps'] "
+               f"({cfg['rms_norm_eps']:g} here)") for e in (1e-5, 1e-6) if e != cfg["rms_norm_eps"]))
 
 
 def piece_decoder_block(x: Tensor, positions: Tensor, w: dict, cfg: dict) -> Tensor:
