@@ -2,7 +2,7 @@
 
 ``check_tensor`` compares a tensor with the reference and, when it differs, names the classic
 mistake it matches. At grading (and Validate) a build assignment's kernel holds no reference
-(``autograder.publish``): these helpers run on the trusted side only. ``with_pieces`` runs a
+(``autograder.runner.publish``): these helpers run on the trusted side only. ``with_pieces`` runs a
 learner's function with the earlier pieces bound to lent stand-ins of the reference pieces
 below; ``changed_inputs``, ``called_with`` and ``storage`` read what the call itself answers
 (its arguments after it, where an object's tensors live). ``check_own`` holds a piece to being
@@ -118,7 +118,7 @@ def reference_uses(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] 
 
 def _copied_lines(fn: object) -> list[str]:
     """A function whose code lines are mostly tinyserve's, verbatim, is a copy."""
-    from autograder.own_source import copied_lines
+    from autograder.submitted.own_source import copied_lines
     try:
         source = inspect.getsource(fn)  # type: ignore[arg-type]
     except (OSError, TypeError):
@@ -161,12 +161,12 @@ def own_work(fn: object, pieces: tuple[str, ...], banned: tuple[str, ...] = (),
 
     At grading (a trusted runner is running the test), ``fn`` is a handle on the learner's
     function and the verdict is read from the source of the learner's cells, which the grader
-    holds (``autograder.own_source``): nothing the learner's kernel computes or binds takes
+    holds (``autograder.submitted.own_source``): nothing the learner's kernel computes or binds takes
     part. Elsewhere (the learner's own kernel, a plain run of the notebook) it reads the code
     of ``fn`` and, given ``args``, calls ``fn(*args)`` once more with tinyserve unavailable."""
     runner = _trusted_runner()
     if runner is not None:
-        from autograder.own_source import banned_in_candidates, problems, review_notes
+        from autograder.submitted.own_source import banned_in_candidates, problems, review_notes
         name = runner.ns.name_of(fn)
         if name is None:
             return [] if not callable(fn) else ["is not a function of your cells"]

@@ -19,7 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .course import Course, CourseError, shown
+from autograder.pipeline.course import Course, CourseError
+from autograder.submitted.shown import shown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--workers", type=int, default=None)
     b.add_argument("--assignment", default=None)
 
-    __import__("autograder.mutants").mutants.add_parser(sub)
+    __import__("autograder.mutation.mutants").mutation.mutants.add_parser(sub)
 
     args = p.parse_args(argv)
     try:
@@ -97,30 +98,30 @@ def summary_line(res: dict) -> str:
 
 def _run(args) -> int:
     if args.cmd == "check":
-        from .check import self_check
+        from autograder.pipeline.check import self_check
         return self_check(args.notebook, cell_timeout=args.cell_timeout)
     course = Course.find(args.root)
     if getattr(args, "handler", None):
         return args.handler(course, args)
     if args.cmd == "release":
-        from .course import release
+        from autograder.pipeline.course import release
         for name in args.assignments or course.assignments():
             print(f"released {name} -> {release(course, name).relative_to(course.root)}")
         return 0
     if args.cmd == "release-exchange":
-        from .exchange import release_to_exchange
+        from autograder.pipeline.exchange import release_to_exchange
         where = release_to_exchange(course, args.assignment, root=args.exchange, due=args.due)
         print(f"released {args.assignment} -> {where}")
         return 0
     if args.cmd == "collect" and args.from_exchange:
-        from .exchange import report_collected
+        from autograder.pipeline.exchange import report_collected
         return report_collected(course, args)
     if args.cmd == "collect":
         if args.source is None:
             raise CourseError("collect needs SOURCE (a folder or zip), or --from-exchange")
         if args.student or args.exchange or args.no_check_owner:
             raise CourseError("--student, --exchange and --no-check-owner go with --from-exchange")
-        from .collect import collect
+        from autograder.pipeline.collect import collect
         students, warnings = collect(course, args.assignment, args.source)
         for w in warnings:
             print(f"warning: {shown(w)}", file=sys.stderr)
@@ -128,8 +129,8 @@ def _run(args) -> int:
               + ", ".join(students))
         return 0
     if args.cmd == "autograde":
-        from .grade import autograde
-        from .sandbox import Limits
+        from autograder.pipeline.grade import autograde
+        from autograder.runner.sandbox import Limits
         from dataclasses import asdict
         limits = asdict(Limits())
         if args.memory_mb:
@@ -142,21 +143,21 @@ def _run(args) -> int:
             print(summary_line(res))
         return 0
     if args.cmd == "feedback":
-        from .report import feedback
+        from autograder.pipeline.report import feedback
         paths = feedback(course, args.assignment)
         print(f"wrote {len(paths)} feedback page(s) under {course.feedback.relative_to(course.root)}")
         if args.return_:
-            from .exchange import report_returned
+            from autograder.pipeline.exchange import report_returned
             return report_returned(course, args)
         return 0
     if args.cmd == "export":
-        from .report import export
+        from autograder.pipeline.report import export
         out = args.out or course.work / "grades.csv"
         n = export(course, args.assignments or course.assignments(), out)
         print(f"wrote {n} row(s) to {out}")
         return 0
     if args.cmd == "bench":
-        from .bench import bench
+        from autograder.pipeline.bench import bench
         return bench(course, args.json, n=args.submissions, workers=args.workers,
                      assignment=args.assignment)
     raise AssertionError(args.cmd)

@@ -7,23 +7,20 @@ grader's own (never a name of the learner's namespace, which the learner could r
 what comes back is the kernel's, exactly as an answer is (data, or a handle on an object
 that stays there). None of these helpers judges anything: the tests compare what the
 learner's code returns with their own references, on their own side. A build assignment's
-kernel holds none of them (it holds no reference: ``autograder.publish``).
+kernel holds none of them (it holds no reference: ``autograder.runner.publish``).
 """
 from __future__ import annotations
 
-import importlib
 import sys
 
-# name -> "module:attribute" of the helper the kernel runs under that name.
-HELPERS = {
-    "policy_driver": "autograder.remote_policy:PolicyDriver",
-}
+from autograder.protocol.contract import HELPERS
+
 
 
 def trusted_runner():
     """The trusted runner running a test in this process, or None (in a kernel, or a plain
     run of the notebook)."""
-    trusted = sys.modules.get("autograder.trusted")
+    trusted = sys.modules.get("autograder.runner.trusted")
     return trusted.current() if trusted is not None else None
 
 
@@ -32,7 +29,7 @@ def _name_of(fn) -> str:
     for name, where in HELPERS.items():
         if where == path:
             return name
-    raise ValueError(f"{path!r} is not a kernel helper (autograder.kernel_helpers.HELPERS): a "
+    raise ValueError(f"{path!r} is not a kernel helper (autograder.protocol.contract.HELPERS): a "
                      "test lends what it keeps (testkit.lend) instead")
 
 
@@ -50,10 +47,3 @@ def in_kernel(fn):
     call.__name__ = name
     return call
 
-
-def resolve(name: str):
-    """The kernel's side: the helper ``name`` stands for, or None if it names none."""
-    if name in HELPERS:
-        module, _, attr = HELPERS[name].partition(":")
-        return getattr(importlib.import_module(module), attr)
-    return None

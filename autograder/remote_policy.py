@@ -4,7 +4,7 @@ tests' process, the policy's decisions come from the learner's kernel, one reque
 Why
     The scheduling tests grade a policy (a ``tinyserve.policies.Policy`` subclass the learner
     writes) by serving whole workloads with it in the simulator. The simulator, the metrics
-    and the thresholds must run on the trusted side (``autograder.channel``), but the policy
+    and the thresholds must run on the trusted side (``autograder.runner.channel``), but the policy
     is the learner's code and stays in the kernel, and its arguments (live ``Sequence``
     objects with generators, enums and traces) are not data. So each end keeps its own copy:
 

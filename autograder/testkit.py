@@ -150,7 +150,7 @@ def _guard() -> None:
 
 
 def _integrity_report(nonce: str) -> None:
-    """Print one line the grader parses after the last cell (see autograder.execute)."""
+    """Print one line the grader parses after the last cell (see autograder.runner.execute)."""
     import json
     found = _find_tampering()
     report = {"nonce": nonce, "violations": _sorted(set(_VIOLATIONS) | set(found)),
@@ -263,7 +263,7 @@ def call_each(fn: object, calls: list) -> list:
     """``[fn(*args) for args in calls]``. At grading, where ``fn`` is the learner's function
     reached over the trusted runner's channel, all the calls go in one request, so a seeded
     distribution test of thousands of trials costs one round trip, not thousands."""
-    from .channel import call_each as _each
+    from autograder.runner.channel import call_each as _each
     return _each(fn, calls)
 
 
@@ -272,7 +272,7 @@ def yours_to_write(obj: object) -> object:
     may write into: at grading, its fields as the learner's call left them are copied back
     into it. Objects not marked (a read-only cell's SLO, a reference config) never change,
     whatever the learner's code does to its copy. Returns ``obj``."""
-    from .channel import mark_writable as _mark
+    from autograder.runner.channel import mark_writable as _mark
     return _mark(obj)
 
 
@@ -284,7 +284,7 @@ def lend(obj: object, methods: tuple[str, ...], attributes: tuple[str, ...] = ()
     learner's reach. ``live``: list attributes the learner's code reads and writes item by
     item (``cache.lengths[slot] = 0``), each item a call back. Elsewhere (a plain run of the
     notebook) ``obj`` itself. Returns ``obj``."""
-    from .kernel_helpers import trusted_runner
+    from autograder.kernel_helpers import trusted_runner
     runner = trusted_runner()
     return obj if runner is None else runner.channel.lend(obj, methods, attributes, live=live)
 

@@ -2,11 +2,11 @@
 
 Stock nbgrader validates by executing every cell, test cells included, in the learner's
 kernel (``nbgrader.validator.Validator`` with its ``Execute`` preprocessor). The course's
-grading never runs test code there (``autograder.channel``), and Validate must give the same
+grading never runs test code there (``autograder.runner.channel``), and Validate must give the same
 verdicts as grading, so this Jupyter server extension keeps nbgrader's button, handler and
 report (which cells changed, failed or passed, and how the dialog shows them) and swaps only
 how the notebook is run: ``TrustedValidator._preprocess`` runs it with
-``autograder.execute.run_notebook`` and the grading plan, exactly as ``python -m autograder
+``autograder.runner.execute.run_notebook`` and the grading plan, exactly as ``python -m autograder
 check`` does. Enabled per role in ``.jupyter/roles/*/jupyter_server_config.json``.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ class TrustedValidator(Validator):
     def _preprocess(self, nb):  # type: ignore[override]
         from jupyter_client import AsyncKernelManager
 
-        from .execute import run_notebook
-        from .worker import grading_plan
+        from autograder.runner.execute import run_notebook
+        from autograder.pipeline.worker import grading_plan
         resources: dict = {}
         with utils.setenv(NBGRADER_VALIDATING="1", NBGRADER_EXECUTION="validate"):
             for preprocessor in (CheckCellMetadata, ClearOutput):

@@ -72,7 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class FakeKernel:
-    """A grading kernel's answers to the trusted runner's requests (as autograder.agent would
+    """A grading kernel's answers to the trusted runner's requests (as autograder.kernel.agent would
     send them), from canned replies by op, and by name for ``name`` requests."""
 
     def __init__(self, names: dict, replies=None):
@@ -96,7 +96,7 @@ def sandbox_skip_reason() -> str | None:
 
     On a learner's laptop without bubblewrap these tests skip with the reason. In CI
     (``CI`` set) they never skip: a missing sandbox there must fail the run, not hide."""
-    from autograder.sandbox import sandbox_available
+    from autograder.runner.sandbox import sandbox_available
     ok, why = sandbox_available()
     if ok or os.environ.get("CI"):
         return None

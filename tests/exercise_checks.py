@@ -50,7 +50,7 @@ def execute(nb, workdir: Path, allow_errors: bool):
 
 
 def execute_trusted(nb, workdir: Path):
-    """Run `nb` as grading runs it (autograder.worker.grading_plan: test cells on the trusted
+    """Run `nb` as grading runs it (autograder.pipeline.worker.grading_plan: test cells on the trusted
     side, reaching the kernel's answers over the channel; read-only cells on both sides), in
     a fresh python3 kernel without the sandbox; returns `nb` with the test cells' outputs."""
     import subprocess
@@ -59,10 +59,10 @@ def execute_trusted(nb, workdir: Path):
 
     import torch
 
-    from autograder.execute import run_notebook
-    from autograder.worker import grading_plan
+    from autograder.runner.execute import run_notebook
+    from autograder.pipeline.worker import grading_plan
     # The trusted side computes the references in this process: one torch thread, as in a
-    # grading worker (autograder.grade.WORKER_ENV); two beside a busy kernel oversubscribe.
+    # grading worker (autograder.pipeline.grade.WORKER_ENV); two beside a busy kernel oversubscribe.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -293,7 +293,7 @@ def fresh_release(name: str) -> tuple[Path, Path]:
     made once per session: test_autograder_release compares it with the committed exercises/
     and check_sandboxed_grading grades against it (nbgrader's generate_assignment takes
     seconds per assignment). Read-only for its users; removed when the session ends."""
-    from autograder.course import Course, release
+    from autograder.pipeline.course import Course, release
     if name not in _RELEASES:
         if not _RELEASE_DIR:
             _RELEASE_DIR.append(Path(tempfile.mkdtemp(prefix="fresh-releases-")))
@@ -313,8 +313,8 @@ def check_sandboxed_grading(name: str, source_dir: Path, test_points: dict[str, 
     both in the sandbox: the solution gets every test cell's points, the blank release none,
     and both are graded out of all points (test and manual). ``forged``: more submissions
     graded in the same batch, {who: (notebook, {test cell: points it must get})}."""
-    from autograder.course import Course
-    from autograder.grade import autograde
+    from autograder.pipeline.course import Course
+    from autograder.pipeline.grade import autograde
     course = Course(tmp_path)
     shutil.copytree(source_dir, course.source / name)
     released, gradebook = fresh_release(name)

@@ -9,9 +9,9 @@ import nbformat
 import pytest
 
 from autograder import testkit
-from autograder.course import Course, hidden_test_lines
-from autograder.scan import names_bound, scan_cell
-from autograder.submission import Unreadable, load, merge
+from autograder.pipeline.course import Course, hidden_test_lines
+from autograder.submitted.scan import names_bound, scan_cell
+from autograder.submitted.submission import Unreadable, load, merge
 from exercise_checks import fresh_release
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +179,7 @@ def test_merge_restores_deleted_tests_and_keeps_answers(tmp_path):
 
 def test_collect_from_a_wrapped_folder_skips_links_and_bad_ids(tmp_path):
     import shutil
-    from autograder.collect import collect
+    from autograder.pipeline.collect import collect
     course = Course(tmp_path / "course")
     shutil.copytree(MINI.parent, course.source / "mini")
     export = tmp_path / "export" / "lms-2026"
@@ -195,8 +195,8 @@ def test_collect_from_a_wrapped_folder_skips_links_and_bad_ids(tmp_path):
 
 
 def test_second_coordinator_is_refused(tmp_path):
-    from autograder.course import CourseError
-    from autograder.grade import coordinator_lock
+    from autograder.pipeline.course import CourseError
+    from autograder.pipeline.grade import coordinator_lock
     course = Course(tmp_path)
     with coordinator_lock(course):
         with pytest.raises(CourseError, match="another autograde"):

@@ -1,4 +1,4 @@
-"""The instructor's flow through nbgrader's exchange (autograder/exchange.py), as one Unix user:
+"""The instructor's flow through nbgrader's exchange (autograder/pipeline/exchange.py), as one Unix user:
 release into the exchange, a student's fetch and submit with nbgrader's own exchange classes,
 collect (latest per student, late marked), return feedback where nbgrader's fetch_feedback
 finds it; and each bad input's error. Real accounts and permissions: tests/test_hub.py.
@@ -18,8 +18,8 @@ import nbformat
 import pytest
 
 from autograder.cli import main as cli
-from autograder.course import Course, CourseError
-from autograder.exchange import (collect_from_exchange, release_to_exchange, return_feedback,
+from autograder.pipeline.course import Course, CourseError
+from autograder.pipeline.exchange import (collect_from_exchange, release_to_exchange, return_feedback,
                                  settings)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.submission import Unreadable, load
+from autograder.submitted.submission import Unreadable, load
 
 
 # ------------------------------------------------------------------ (g) nbformat 3
@@ -39,7 +39,7 @@ def _has_control(text: str) -> bool:
 def _course(tmp_path: Path):
     import nbformat
 
-    from autograder.course import Course
+    from autograder.pipeline.course import Course
     root = tmp_path / "course"
     (root / "solutions" / "mini").mkdir(parents=True)
     nbformat.write(nbformat.v4.new_notebook(), root / "solutions" / "mini" / "mini.ipynb")
@@ -57,7 +57,7 @@ def _result(student: str = "ann", **extra) -> dict:
 
 
 def test_shown_escapes_controls_visibly_and_keeps_lines_only_when_asked():
-    from autograder.course import shown
+    from autograder.submitted.shown import shown
     assert shown("a\x1b[31mb\u202ec") == "a\\x1b[31mb\\u202ec"
     assert shown("x\ny\tz") == "x y z" and shown("x\ny\tz", lines=True) == "x\ny\tz"
     assert shown("lone \udc80") == "lone \ufffd" and shown(shown(ESCAPES)) == shown(ESCAPES)
@@ -71,7 +71,7 @@ def test_the_autograde_summary_prints_no_escape_of_the_students(capsys):
 
 
 def test_the_grades_csv_and_the_feedback_page_carry_no_raw_escapes(tmp_path):
-    from autograder.report import export, feedback
+    from autograder.pipeline.report import export, feedback
     course = _course(tmp_path)
     (course.results / "mini").mkdir(parents=True)
     (course.results / "mini" / "ann.json").write_text(json.dumps(_result()))
@@ -87,8 +87,8 @@ def test_the_grades_csv_and_the_feedback_page_carry_no_raw_escapes(tmp_path):
 def test_extra_file_names_and_unknown_grade_ids_are_noted_escaped(tmp_path):
     import nbformat
 
-    from autograder.submission import merge
-    from autograder.worker import locate_notebooks
+    from autograder.submitted.submission import merge
+    from autograder.pipeline.worker import locate_notebooks
     sub = tmp_path / "sub"
     sub.mkdir()
     (sub / "mini.ipynb").write_text("{}")
@@ -104,7 +104,7 @@ def test_extra_file_names_and_unknown_grade_ids_are_noted_escaped(tmp_path):
 
 
 def test_collect_warnings_name_files_escaped(tmp_path):
-    from autograder.collect import MAX_FILE_MB, _group
+    from autograder.pipeline.collect import MAX_FILE_MB, _group
     rel = ("ann", "mini", f"big{ESCAPES}.bin")
     _, warnings, _ = _group([(rel, None, (MAX_FILE_MB + 1) * 2**20)], "mini")
     assert warnings and not any(map(_has_control, warnings))
@@ -117,7 +117,7 @@ def test_collect_warnings_name_files_escaped(tmp_path):
                                   "tinyserve.workload:EngineConfig",  # an import, not its home
                                   "tinyserve.model:TinyLlama", "autograder.build_checks:_Unavailable"])
 def test_a_reply_naming_a_class_off_the_list_is_refused(path):
-    from autograder.wire import Decoder, WireError, allowed_class, rebuild
+    from autograder.protocol.wire import Decoder, WireError, allowed_class, rebuild
     decoder = Decoder(lambda *a: None, on_object=lambda p, f, _: rebuild(allowed_class(p), f))
     with pytest.raises(WireError, match="cannot cross the channel"):
         decoder.loads(json.dumps({"$o": [path, {"$d": []}, 0]}))
@@ -128,12 +128,12 @@ def test_every_class_on_the_list_is_a_course_data_class():
 
     import torch
 
-    from autograder.wire import DATA_CLASSES, PLAIN_DATA_CLASSES, allowed_class, class_path
+    from autograder.protocol.wire import DATA_CLASSES, PLAIN_DATA_CLASSES, allowed_class, class_path
     assert set(PLAIN_DATA_CLASSES) <= set(DATA_CLASSES)
     for path in DATA_CLASSES:
         cls = allowed_class(path)
         assert class_path(cls) == path, path           # named where it is defined
-        assert cls.__module__.startswith(("tinyserve.", "autograder.build_checks"))
+        assert cls.__module__.startswith("tinyserve.")
         if path in PLAIN_DATA_CLASSES:
             # A plain class: state in its instance fields, no hook that runs on a read,
             # a write or a delete (object.__new__ plus fields is then the whole object).
@@ -149,7 +149,7 @@ def test_every_class_on_the_list_is_a_course_data_class():
 def test_listed_objects_still_cross_both_ways_and_others_do_not():
     from pathlib import Path as _Path
 
-    from autograder.wire import object_fields
+    from autograder.protocol.wire import object_fields
     from tinyserve.metrics import SLO
     from tinyserve.simulator import CostModel
     assert object_fields(CostModel(step=1e-3, token=1e-5, row=1e-4, pair=1e-6)) is not None
@@ -162,14 +162,14 @@ def test_listed_objects_still_cross_both_ways_and_others_do_not():
 # ------------------------------------------------------------------ (a) the reply budget
 
 def _decoder():
-    from autograder.wire import Decoder
+    from autograder.protocol.wire import Decoder
     return Decoder(lambda *a: None)
 
 
 def test_a_reply_of_nested_empty_lists_is_refused_before_parsing():
     import tracemalloc
 
-    from autograder.wire import MAX_ELEMENTS, WireError
+    from autograder.protocol.wire import MAX_ELEMENTS, WireError
     text = "[" + ",".join(["[[],[]]"] * (MAX_ELEMENTS // 2)) + "]"   # ~3.5 MB, ~2.5M nodes
     tracemalloc.start()
     try:
@@ -184,7 +184,7 @@ def test_a_reply_of_nested_empty_lists_is_refused_before_parsing():
 def test_forty_megabytes_of_empty_lists_cost_no_memory():
     import tracemalloc
 
-    from autograder.wire import WireError
+    from autograder.protocol.wire import WireError
     text = "[" + ",".join(["[]"] * (40 * 2**20 // 3)) + "]"
     tracemalloc.start()
     try:
@@ -197,7 +197,7 @@ def test_forty_megabytes_of_empty_lists_cost_no_memory():
 
 
 def test_an_already_parsed_reply_is_held_to_the_same_budget():
-    from autograder.wire import MAX_ELEMENTS, WireError
+    from autograder.protocol.wire import MAX_ELEMENTS, WireError
     with pytest.raises(WireError, match="elements"):
         _decoder().decode([[0, 0]] * (MAX_ELEMENTS // 2))
 
@@ -207,7 +207,7 @@ def test_an_already_parsed_reply_is_held_to_the_same_budget():
 def test_keys_that_all_hash_alike_are_refused_in_linear_time(tag, n):
     # Refused by the checks that run before any set or dict is built (the message says which):
     # building one from these keys is the quadratic work (minutes at 250,000 keys).
-    from autograder.wire import MAX_HASHED_KEYS, WireError
+    from autograder.protocol.wire import MAX_HASHED_KEYS, WireError
     keys = [i * (2**61 - 1) for i in range(1, n + 1)]   # all hash to 0
     body = keys if tag == "$set" else [[k, 0] for k in keys]
     text = json.dumps({tag: body})
@@ -217,7 +217,7 @@ def test_keys_that_all_hash_alike_are_refused_in_linear_time(tag, n):
 
 
 def test_too_many_hashed_keys_in_one_reply_are_refused():
-    from autograder.wire import MAX_HASHED_KEYS, WireError
+    from autograder.protocol.wire import MAX_HASHED_KEYS, WireError
     half = MAX_HASHED_KEYS // 2 + 1
     text = json.dumps([{"$set": list(range(half))}, {"$d": [[i, 0] for i in range(half)]}])
     with pytest.raises(WireError, match=f"more than {MAX_HASHED_KEYS:,} dict keys"):
@@ -227,7 +227,7 @@ def test_too_many_hashed_keys_in_one_reply_are_refused():
 def test_real_answers_fit_the_budget():
     import torch
 
-    from autograder.wire import Encoder
+    from autograder.protocol.wire import Encoder
     value = {"tokens": list(range(200_000)), "counts": {i: i % 7 for i in range(50_000)},
              "seen": set(range(-1000, 1000)) | {-1, -2},   # -1 and -2 share a hash
              "logits": torch.randn(64, 4096), "traces": [(i, 0.5, "ok") for i in range(5000)]}
@@ -240,8 +240,8 @@ def test_real_answers_fit_the_budget():
 def test_a_reply_through_the_channel_is_counted_before_it_is_parsed():
     import tracemalloc
 
-    from autograder.channel import Channel
-    from autograder.wire import WireError
+    from autograder.runner.channel import Channel
+    from autograder.protocol.wire import WireError
     # The reply is built before memory is traced: only what the channel makes of it counts.
     reply = '{"id":1,"ok":[' + ",".join(["[]"] * (4 * 2**20 // 3)) + "]}"
 
@@ -264,9 +264,9 @@ def test_a_notebook_over_the_collect_cap_is_graded_failed_with_the_reason(tmp_pa
     import shutil
 
     from autograder import collect as collect_mod
-    from autograder.course import Course
-    from autograder.report import export
-    from autograder.worker import Job, grade
+    from autograder.pipeline.course import Course
+    from autograder.pipeline.report import export
+    from autograder.pipeline.worker import Job, grade
     fixture = Path(__file__).parent / "fixtures" / "mini_assignment" / "mini"
     course = Course(tmp_path / "course")
     shutil.copytree(fixture, course.source / "mini")
@@ -303,7 +303,7 @@ def test_a_notebook_over_the_collect_cap_is_graded_failed_with_the_reason(tmp_pa
 # ------------------------------------------------------------------ (c) a failed job's page
 
 def _job(tmp_path: Path, **kw):
-    from autograder.worker import Job
+    from autograder.pipeline.worker import Job
     return Job(root=str(tmp_path), assignment="mini", student="ann", **kw)
 
 
@@ -327,7 +327,7 @@ def test_a_worker_that_dies_or_is_stopped_leaves_a_record_saying_how(tmp_path, m
 
 
 def test_a_failed_job_still_gets_a_feedback_page_saying_what_happened(tmp_path):
-    from autograder.report import feedback
+    from autograder.pipeline.report import feedback
     course = _course(tmp_path)
     record = {"student": "ann", "assignment": "mini", "status": "failed", "score": 0.0,
               "max_score": 0.0, "flags": [], "notebooks": {},
@@ -352,7 +352,7 @@ def _python(code: str, timeout: float = 60):
 def test_a_worker_cannot_grow_past_its_memory_bound_and_its_kernel_keeps_its_own():
     out = _python(
         "import resource, subprocess, sys\n"
-        "from autograder.worker import limit_worker\n"
+        "from autograder.pipeline.worker import limit_worker\n"
         "limit_worker(memory_mb=256, cpu_seconds=600)\n"
         "try:\n"
         "    bytearray(512 * 2**20)\n"
@@ -360,7 +360,7 @@ def test_a_worker_cannot_grow_past_its_memory_bound_and_its_kernel_keeps_its_own
         "except MemoryError:\n"
         "    print('worker bounded')\n"
         # A child (the kernel) sets the sandbox's limits, larger than the worker's.
-        "child = ('from autograder.kernel_boot import _set_limits\\n'\n"
+        "child = ('from autograder.kernel.boot import _set_limits\\n'\n"
         "         '_set_limits({\"memory_mb\": 2048, \"processes\": 4000, \"file_size_mb\": 64,'\n"
         "         ' \"cpu_seconds\": 300, \"open_files\": 1024})\\n'\n"
         "         'import resource; x = bytearray(512 * 2**20)\\n'\n"
@@ -373,11 +373,11 @@ def test_a_worker_cannot_grow_past_its_memory_bound_and_its_kernel_keeps_its_own
 
 def test_a_worker_past_its_cpu_bound_is_ended_and_the_record_says_so():
     import signal
-    out = _python("from autograder.worker import limit_worker\n"
+    out = _python("from autograder.pipeline.worker import limit_worker\n"
                   "limit_worker(memory_mb=4096, cpu_seconds=1)\n"
                   "while True:\n    pass\n", timeout=30)
     assert out.returncode == -signal.SIGXCPU
-    from autograder.grade import _why_no_result
+    from autograder.pipeline.grade import _why_no_result
     assert "SIGXCPU (its CPU time limit)" in _why_no_result(_job(Path(".")), out.returncode,
                                                            False)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course import Course, hidden_test_lines, release
-from autograder.grade import autograde
-from autograder.report import export, feedback
+from autograder.pipeline.course import Course, hidden_test_lines, release
+from autograder.pipeline.grade import autograde
+from autograder.pipeline.report import export, feedback
 from conftest import sandbox_skip_reason
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -41,7 +41,7 @@ def kernel_processes(marker: str) -> list[int]:
             text = cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if "autograder.kernel_boot" in text and marker in text:
+        if "autograder.kernel.boot" in text and marker in text:
             found.append(int(cmdline.parent.name))
     return found
 

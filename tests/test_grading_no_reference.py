@@ -219,7 +219,7 @@ def test_a_read_only_cell_publishes_libraries_data_and_plain_helpers_and_withhol
 
     import autograder.build_checks as build_checks
     import tinyserve
-    from autograder.publish import publication
+    from autograder.runner.publish import publication
 
     source = ("def layer_weights(weights, i):\n    return {k: v for k, v in weights.items()}\n"
               "def given(x):\n    return _secret(x)\n")
@@ -237,13 +237,13 @@ def test_a_read_only_cell_publishes_libraries_data_and_plain_helpers_and_withhol
 
 
 def test_only_a_template_that_declares_it_withholds_the_reference():
-    from autograder.publish import DECLARATION, needs_no_reference
+    from autograder.runner.publish import DECLARATION, needs_no_reference
     assert needs_no_reference(["import torch", DECLARATION])
     assert not needs_no_reference(["import torch\n# " + DECLARATION, "import autograder.build_checks"])
 
 
 def _channel(replies):
-    from autograder.channel import Channel
+    from autograder.runner.channel import Channel
     sent = []
 
     def exchange(text, timeout):
@@ -270,8 +270,8 @@ def test_a_call_back_is_bounded_in_size_and_in_time(monkeypatch):
 
     import torch
 
-    import autograder.channel as channel
-    from autograder.channel import GraderOverran
+    import autograder.runner.channel as channel
+    from autograder.runner.channel import GraderOverran
     monkeypatch.setattr(channel, "CALL_BACK_ELEMENTS", 10)
     ch, _ = _channel([])
     ch.lend(lambda t: t.sum(), ("__call__",), (), published=True)
@@ -290,7 +290,7 @@ def test_a_call_back_is_bounded_in_size_and_in_time(monkeypatch):
 def test_a_read_only_cells_requests_have_the_cells_deadline():
     import nbformat
 
-    from autograder.trusted import TrustedRunner
+    from autograder.runner.trusted import TrustedRunner
     seen = []
 
     def exchange(text, timeout):
@@ -303,7 +303,7 @@ def test_a_read_only_cells_requests_have_the_cells_deadline():
 
 
 def test_the_source_is_a_review_signal_and_a_right_answer_is_never_docked():
-    from autograder.own_source import banned_in_candidates, problems, review_notes
+    from autograder.submitted.own_source import banned_in_candidates, problems, review_notes
     star = ["from math import *\ndef cache_bytes(cfg, tokens, b):\n    return int(prod([2, tokens, b]))"]
     assert problems(star, "cache_bytes", ("cache_bytes",), {}) == []
     twice = ["def attention(q):\n    return sdpa(q)\nif False:\n    def attention(q):\n        return q"]
@@ -316,12 +316,13 @@ def test_the_source_is_a_review_signal_and_a_right_answer_is_never_docked():
 def test_the_sandbox_of_a_build_assignment_mounts_no_reference(tmp_path):
     from pathlib import Path
 
-    from autograder.sandbox import KERNEL_FILES, SandboxSpec, bwrap_argv, bwrap_path, readonly_roots
+    from autograder.runner.sandbox import KERNEL_FILES, SandboxSpec, bwrap_argv, bwrap_path, readonly_roots
     roots = readonly_roots(reference=False)
     import autograder
     import tinyserve
     assert not any(r.startswith(str(Path(tinyserve.__file__).parent)) for r in roots)
-    assert {Path(r).name for r in roots if r.startswith(str(Path(autograder.__file__).parent))} \
+    package = Path(autograder.__file__).parent
+    assert {str(Path(r).relative_to(package)) for r in roots if r.startswith(str(package))} \
         == set(KERNEL_FILES)
     if bwrap_path() is not None:
         argv = " ".join(bwrap_argv(SandboxSpec(run_dir=str(tmp_path / "run"), reference=False), ["true"]))
@@ -330,11 +331,11 @@ def test_the_sandbox_of_a_build_assignment_mounts_no_reference(tmp_path):
 
 def test_a_trusted_test_finds_its_runner_by_module_name():
     """kernel_helpers and build_checks find the running trusted runner through
-    sys.modules["autograder.trusted"]: if that lookup found nothing at grading, helpers would
+    sys.modules["autograder.runner.trusted"]: if that lookup found nothing at grading, helpers would
     run as in a plain notebook run (the learner's objects taken as the tests' own)."""
     import nbformat
 
-    from autograder.trusted import TrustedRunner
+    from autograder.runner.trusted import TrustedRunner
     runner = TrustedRunner(lambda text, timeout: None, cwd=".")
     cell = nbformat.v4.new_code_cell(
         "from autograder.kernel_helpers import trusted_runner\n"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course import Course, CourseError, hidden_test_lines, release
-from autograder.grade import autograde, load_results
-from autograder.report import export, feedback
-from autograder.sandbox import sandbox_available
+from autograder.pipeline.course import Course, CourseError, hidden_test_lines, release
+from autograder.pipeline.grade import autograde, load_results
+from autograder.pipeline.report import export, feedback
+from autograder.runner.sandbox import sandbox_available
 from conftest import sandbox_skip_reason
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ def test_collect_refuses_path_tricks(mini):
 
 
 def test_autograde_refuses_without_sandbox_unless_unsafe(mini, monkeypatch):
-    import autograder.grade as grade_mod
+    import autograder.pipeline.grade as grade_mod
     monkeypatch.setattr(grade_mod, "sandbox_available", lambda: (False, "bwrap missing"))
     with pytest.raises(CourseError, match="--unsafe"):
         autograde(mini, "mini", progress=False)

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from autograder.channel import Channel, TemplateNameUnbound, TestNamespace
-from autograder.scan import names_a_cell_binds
+from autograder.runner.channel import Channel, TemplateNameUnbound, TestNamespace
+from autograder.submitted.scan import names_a_cell_binds
 from conftest import FakeKernel
 
 
@@ -44,9 +44,9 @@ def test_a_name_the_template_binds_is_never_fetched_from_the_kernel():
 
 @pytest.fixture()
 def in_process(monkeypatch):
-    """The trusted side talking to autograder.agent in this process (no kernel)."""
+    """The trusted side talking to autograder.kernel.agent in this process (no kernel)."""
     from autograder import agent
-    from autograder.trusted import TrustedRunner
+    from autograder.runner.trusted import TrustedRunner
     student_ns: dict = {"__name__": "__main__"}
     monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
     runner = TrustedRunner(lambda request, timeout: None if request is None
@@ -94,7 +94,7 @@ def test_prompts_that_are_not_the_reply_keep_the_channel_in_step():
     ns = _namespace(kernel)
     ch = ns._channel
     exec("f = None", ns)
-    ns["f"] = __import__("autograder.channel", fromlist=["Remote"]).Remote(ch, 1, "function")
+    ns["f"] = __import__("autograder.runner.channel", fromlist=["Remote"]).Remote(ch, 1, "function")
     script[:] = ["press enter to go on", '{"id":99,"ok":0}']
     assert ns["f"]() == 10                    # request 1, after two strays
     assert kernel.seen[1] == ""               # the input() prompt got an empty line
@@ -138,7 +138,7 @@ OWN = "def rms_norm(x, w, eps):\n    return x * torch.rsqrt(x.pow(2).mean(-1, ke
       "def rms_norm(x, w, eps):\n    return r(x, w, eps)"], "imports tinyserve.model"),
 ])
 def test_a_pieces_provenance_is_read_from_the_submitted_source(cells, why):
-    from autograder.own_source import problems
+    from autograder.submitted.own_source import problems
     found = problems(cells, "rms_norm", ("rms_norm", "attention"), _trusted_names(),
                      banned=("scaled_dot_product_attention",))
     if why is None:
@@ -149,7 +149,7 @@ def test_a_pieces_provenance_is_read_from_the_submitted_source(cells, why):
 
 def test_a_pasted_copy_of_the_reference_is_recognised():
     from autograder.build_checks import _REFERENCE_LINES
-    from autograder.own_source import copied_lines
+    from autograder.submitted.own_source import copied_lines
     code = sorted(line for line in _REFERENCE_LINES if not line.startswith(('"', "'")))[:4]
     source = "def f(x):\n" + "\n".join(f"    {line}" for line in code)
     assert copied_lines(source, frozenset(_REFERENCE_LINES))
@@ -189,7 +189,7 @@ def test_a_lent_object_counts_on_the_tests_side_what_the_learners_code_does(in_p
 def test_no_output_of_a_graded_notebook_quotes_hidden_test_source():
     import nbformat
 
-    from autograder.worker import HIDDEN_MARK, scrub_hidden_lines
+    from autograder.pipeline.worker import HIDDEN_MARK, scrub_hidden_lines
     secret = {"check_equal(double(21), 42, name='double hidden')"}
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("x")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder.channel import Channel, Remote, StudentError, TestNamespace
-from autograder.collect import collect
-from autograder.course import Course
-from autograder.execute import _output_size
-from autograder.report import export
-from autograder.submission import load
-from autograder.wire import Decoder, Encoder, WireError
+from autograder.runner.channel import Channel, Remote, StudentError, TestNamespace
+from autograder.pipeline.collect import collect
+from autograder.pipeline.course import Course
+from autograder.runner.execute import _output_size
+from autograder.pipeline.report import export
+from autograder.submitted.submission import load
+from autograder.protocol.wire import Decoder, Encoder, WireError
 from conftest import FakeKernel
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -167,7 +167,7 @@ def test_lone_surrogates_never_stop_the_export_or_a_feedback_page(tmp_path):
     assert export(course, ["mini"], out) == 1
     row = next(csv.DictReader(open(out, encoding="utf-8")))
     assert "evil\ufffd" in row["reason"]
-    from autograder.report import feedback
+    from autograder.pipeline.report import feedback
     [page] = feedback(course, "mini")
     text = page.read_text(encoding="utf-8")
     assert "bad \ufffd" in text and "t\ufffd" in text
@@ -187,7 +187,7 @@ def test_cell_ids_with_path_characters_are_replaced_not_fatal(tmp_path):
 
 
 def test_the_kernel_gets_its_memory_limit(tmp_path):
-    code = ("import resource, json; from autograder.kernel_boot import _set_limits\n"
+    code = ("import resource, json; from autograder.kernel.boot import _set_limits\n"
             "_set_limits({'memory_mb': 1500, 'processes': 4000, 'file_size_mb': 64,"
             " 'cpu_seconds': 300, 'open_files': 1024})\n"
             "print(json.dumps(resource.getrlimit(resource.RLIMIT_AS)))")
@@ -216,7 +216,7 @@ def test_numbers_print_one_way_with_separators_and_units():
 
 
 def test_feedback_names_pending_manual_points_and_its_title_once():
-    from autograder.report import render
+    from autograder.pipeline.report import render
     nb = {"tests": [
         {"grade_id": "test_a", "kind": "test", "max_points": 2, "points": 2, "passed": True,
          "needs_manual_grade": False, "message": "passed"},
@@ -230,9 +230,9 @@ def test_feedback_names_pending_manual_points_and_its_title_once():
 
 
 def test_an_unanswered_name_reads_not_answered_yet():
-    from autograder.execute import CellResult
-    from autograder.trusted import _failure
-    from autograder.worker import failure_message
+    from autograder.runner.execute import CellResult
+    from autograder.runner.trusted import _failure
+    from autograder.pipeline.worker import failure_message
     try:
         exec("WORKED_EXAMPLE_BYTES + 1", {})
     except NameError as e:
@@ -279,7 +279,7 @@ def test_the_formgrader_view_of_a_submission_carries_no_active_content(tmp_path)
 
 @pytest.fixture()
 def in_process(monkeypatch):
-    """The trusted side talking to autograder.agent in this process (no kernel): the same
+    """The trusted side talking to autograder.kernel.agent in this process (no kernel): the same
     requests and replies as over jupyter's stdin channel."""
     from autograder import agent
     student_ns: dict = {}
@@ -320,7 +320,7 @@ def test_lent_objects_come_back_with_what_the_call_wrote_and_nothing_else(in_pro
 def counted(monkeypatch):
     """Like ``in_process``, and a TrustedRunner over it, with every request's text kept."""
     from autograder import agent
-    from autograder.trusted import TrustedRunner
+    from autograder.runner.trusted import TrustedRunner
     student_ns: dict = {"__name__": "__main__"}   # classes defined there are the kernel's
     sent: list[str] = []
     monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
@@ -341,7 +341,7 @@ def _cell(source: str):
 
 def test_a_kernel_opt_in_in_cell_metadata_no_longer_moves_a_test_into_the_kernel():
     import nbformat
-    from autograder.worker import grading_plan
+    from autograder.pipeline.worker import grading_plan
     test = nbformat.v4.new_code_cell("check(True, name='t', message='')", metadata={
         "autograder": {"tests_in": "kernel"},
         "nbgrader": {"grade": True, "solution": False, "locked": True, "grade_id": "t",
@@ -351,7 +351,7 @@ def test_a_kernel_opt_in_in_cell_metadata_no_longer_moves_a_test_into_the_kernel
 
 
 def test_only_errors_raised_in_the_learners_code_are_reported_as_theirs(counted):
-    from autograder.worker import failure_message
+    from autograder.pipeline.worker import failure_message
     student, runner, _ = counted
     exec("def label():\n    return 'seven'\n"
          "def parse(text):\n    return int(text)\n", student)
@@ -466,7 +466,7 @@ def test_feedback_shows_each_hand_graded_answers_mark_scheme_escaped():
     """The mark scheme comes from the grader's copy (release cuts it) and appears, escaped,
     under its answer's row after grading; answers without one and tests get none."""
     import nbformat
-    from autograder.report import mark_schemes, render
+    from autograder.pipeline.report import mark_schemes, render
     task = nbformat.v4.new_markdown_cell(
         "**2a (3 points).** Explain.\n\n### BEGIN MARK SCHEME\n*Rubric (3 points):*\n"
         "* 1 point: names the <queue> & the prefill <script>x()</script>\n### END MARK SCHEME")

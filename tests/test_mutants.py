@@ -15,8 +15,8 @@ import pytest
 
 from exercise_checks import needs_sandbox
 
-from autograder.course import Course, CourseError
-from autograder.mutants import assignment_mutants, cell_mutants
+from autograder.pipeline.course import Course, CourseError
+from autograder.mutation.mutants import assignment_mutants, cell_mutants
 
 ANSWER = '''def clamp_low(x: int) -> int:
     """x, or 0 if x is negative."""
@@ -101,8 +101,8 @@ def test_bad_sample_is_named(tmp_path):
 
 
 def test_sample_is_seeded_subset(tmp_path, monkeypatch):
-    import autograder.grade
-    import autograder.mutants as mutants
+    import autograder.pipeline.grade
+    import autograder.mutation.mutants as mutants
     make_course(tmp_path)
     graded: list[list[str]] = []
 
@@ -114,7 +114,7 @@ def test_sample_is_seeded_subset(tmp_path, monkeypatch):
                  "reasons": ["the kernel died"] if s == "m0001" else [], "flags": []}
                 for s in subs]
 
-    monkeypatch.setattr(autograder.grade, "autograde", fake_autograde)
+    monkeypatch.setattr(autograder.pipeline.grade, "autograde", fake_autograde)
     monkeypatch.setattr(mutants, "release", lambda course, name: None)
     a = mutants.mutation_score(Course(tmp_path), "tiny", sample=2, seed=1)
     assert (a["mutants"], a["of"], a["score"]) == (2, 4, 1.0)
@@ -133,8 +133,8 @@ def test_runs_stop_at_the_first_failure_only_after_a_solution_that_passes_everyt
         tmp_path, monkeypatch):
     """Stopping early is sound only if the solution passes every test: else a mutant could
     lose a cell the solution loses too, and then be charged for the cells skipped after it."""
-    import autograder.grade
-    import autograder.mutants as mutants
+    import autograder.pipeline.grade
+    import autograder.mutation.mutants as mutants
     make_course(tmp_path)
     asked: list[bool] = []
 
@@ -145,7 +145,7 @@ def test_runs_stop_at_the_first_failure_only_after_a_solution_that_passes_everyt
                  "flags": [], "notebooks": {"tiny": {"tests": tests}}}
                 for p in course.submitted.iterdir()]
 
-    monkeypatch.setattr(autograder.grade, "autograde", fake_autograde)
+    monkeypatch.setattr(autograder.pipeline.grade, "autograde", fake_autograde)
     monkeypatch.setattr(mutants, "release", lambda course, name: None)
     with pytest.raises(CourseError, match="solution fails test_clamp.*--full-runs"):
         mutants.mutation_score(Course(tmp_path), "tiny")
@@ -156,8 +156,8 @@ def test_runs_stop_at_the_first_failure_only_after_a_solution_that_passes_everyt
 # --- semantic mutants: the learner's mistakes (issue 26, item 5) ------------------------------
 
 def test_every_corpus_mistake_applies_to_its_solution_once():
-    from autograder.mistake_corpus import CORPUS
-    from autograder.semantic_mutants import mutated_sources
+    from autograder.mutation.corpus import CORPUS
+    from autograder.mutation.semantic import mutated_sources
     root = Path(__file__).resolve().parents[1] / "solutions"
     assert set(CORPUS) == {"build_model", "build_kv_cache", "build_batching", "build_speculative"}
     for name, mistakes in CORPUS.items():
@@ -169,14 +169,14 @@ def test_every_corpus_mistake_applies_to_its_solution_once():
 
 
 def test_a_mistake_that_no_longer_matches_is_refused():
-    from autograder.semantic_mutants import Mistake, apply
+    from autograder.mutation.semantic import Mistake, apply
     with pytest.raises(CourseError, match="occurs 0 times in cell 'answer'"):
         apply(Mistake("gone", "answer", (("return x ** 3", "return x"),), ("t",)), ANSWER)
 
 
 @needs_sandbox
 def test_semantic_report_scores_graded_and_validate_and_names_the_pieces(tmp_path, capsys):
-    from autograder.semantic_mutants import Mistake, print_report, semantic_report
+    from autograder.mutation.semantic import Mistake, print_report, semantic_report
     course = make_course(tmp_path)
     path = course.source / "tiny" / "tiny.ipynb"          # a hidden test for square(3)
     nb = nbformat.read(path, as_version=4)

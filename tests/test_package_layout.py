@@ -108,6 +108,95 @@ def test_every_assignment_has_its_exercise_test() -> None:
     assert assignments and not missing, f"name each assignment's tests test_<assignment>_exercise.py: {missing}"
 
 
+# ------------------------------------------------------------------ autograder's rooms
+
+GRADER = ROOT / "autograder"
+CONTRACT = GRADER / "protocol" / "contract.py"   # where the kernel's names are kept
+# Each room's rule, in one sentence each (autograder/<room>/__init__.py says it too): the
+# rooms it may import besides itself. Doors (modules at the top) may import every room.
+ROOM_RULES = {
+    "protocol": set(),                       # imports nothing from autograder
+    "kernel": {"protocol"},                  # runs in the learner's kernel
+    "submitted": {"protocol"},               # the learner's text, read
+    "runner": {"protocol", "submitted"},     # the trusted side of one notebook
+    "pipeline": {"protocol", "submitted", "runner"},
+    "mutation": {"protocol", "submitted", "runner", "pipeline"},
+}
+
+
+def grader_imports(path: Path) -> set[str]:
+    """Every autograder module ``path`` names: imports at any depth (lazy ones included) and
+    strings that start one (``__import__("autograder...")``, ``python -m autograder...``)."""
+    tree = ast.parse(path.read_text())
+    here = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[:-node.level] if node.level else []
+                found.add(".".join(base + ([node.module] if node.module else [])))
+            elif node.module:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and not path.samefile(CONTRACT):
+            # a module named by a string: a whole string (`-m autograder...`, a "module:attr"
+            # path) or an __import__ in code sent to a kernel; the contract's names excepted
+            whole = re.fullmatch(r"(autograder(?:\.\w+)+)(?::\w+)?", node.value)
+            found.update([whole.group(1)] if whole else re.findall(
+                r"__import__\(['\"](autograder(?:\.\w+)+)['\"]\)", node.value))
+    return {m for m in found if m.split(".")[0] == "autograder"}
+
+
+def room_of(module: str) -> str:
+    """"kernel" for autograder.kernel.agent; "door" for a module at the top; "" for the package."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return ""
+    return parts[1] if (GRADER / parts[1]).is_dir() else "door"
+
+
+def test_autograders_rooms_keep_their_rules() -> None:
+    broken = []
+    for path in sorted(GRADER.rglob("*.py")):
+        rel = path.relative_to(GRADER)
+        room = rel.parts[0] if len(rel.parts) > 1 else "door"
+        for module in grader_imports(path):
+            target = room_of(module)
+            if target in ("", room) or room == "door":
+                continue
+            if target == "door":
+                broken.append(f"{rel} imports the door {module}")
+            elif target == "kernel":
+                broken.append(f"{rel} imports {module}: kernel/ is started by name (protocol.contract)")
+            elif target not in ROOM_RULES.get(room, set()):
+                broken.append(f"{rel} ({room}/) imports {module} ({target}/)")
+    assert not broken, "\n".join(broken)
+
+
+def test_autograders_top_holds_only_doors() -> None:
+    """A door is a module named from outside Python imports: the CLI, the notebooks' helpers,
+    Jupyter's and nbgrader's configuration."""
+    doors = {p.stem for p in GRADER.glob("*.py")}
+    assert doors == {"__init__", "__main__", "cli", "testkit", "build_checks", "kernel_helpers",
+                     "remote_policy", "validate", "nbfeedback"}, doors
+
+
+def test_the_names_the_kernel_is_started_by_exist() -> None:
+    import importlib.util
+
+    from autograder.protocol.contract import AGENT, KERNEL_BOOT, KERNEL_FILES, KERNEL_MODULES, WITHHOLD
+    for text in (AGENT, WITHHOLD):
+        module = re.search(r"__import__\('([\w.]+)'\)\.([\w.]+)\.(\w+)\(\)", text)
+        assert module and module.group(2) == module.group(1).split(".", 1)[1], text
+        assert importlib.util.find_spec(module.group(1)) is not None, text
+    assert importlib.util.find_spec(KERNEL_BOOT) is not None
+    assert all((GRADER / f).is_file() for f in KERNEL_FILES)
+    assert {".".join(Path("autograder", f).with_suffix("").parts).removesuffix(".__init__")
+            for f in KERNEL_FILES} == set(KERNEL_MODULES)
+
+
 if __name__ == "__main__":
     import sys
     for folder in sys.argv[1:] or ["tinyserve", "autograder"]:

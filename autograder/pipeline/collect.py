@@ -15,7 +15,8 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from .course import Course, CourseError, safe_name, shown
+from autograder.pipeline.course import Course, CourseError, safe_name
+from autograder.submitted.shown import shown
 
 MAX_FILE_MB = 50
 MAX_STUDENT_MB = 200

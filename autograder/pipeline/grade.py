@@ -1,6 +1,6 @@
 """Autograde: run workers in parallel, and record every result from one coordinator.
 
-Each submission is graded by its own worker process (``autograder.worker``) with a hard
+Each submission is graded by its own worker process (``autograder.pipeline.worker``) with a hard
 wall-clock limit; at most ``workers`` run at once. Only this coordinator opens the gradebook,
 and it writes each result as it arrives, so no two writers ever race and a crash part-way
 keeps every grade recorded so far. The gradebook is backed up before every run.
@@ -20,9 +20,9 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from .course import Course, CourseError, ensure_in_gradebook, safe_name, write_json
-from .sandbox import sandbox_available
-from .worker import Job
+from autograder.pipeline.course import Course, CourseError, ensure_in_gradebook, safe_name, write_json
+from autograder.runner.sandbox import sandbox_available
+from autograder.pipeline.worker import Job
 
 KEEP_BACKUPS = 30
 # The worker enforces the notebook time limit itself; the coordinator's backstop kills it this
@@ -169,7 +169,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def worker_command(job_path: Path, out_path: Path) -> list[str]:
-    return [sys.executable, "-m", "autograder.worker", str(job_path), str(out_path)]
+    return [sys.executable, "-m", "autograder.pipeline.worker", str(job_path), str(out_path)]
 
 
 def _read_result(path: Path, job: Job, proc: subprocess.Popen, stopped: bool = False) -> dict:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import nbformat
 
-from .course import Course, CourseError, release
-from .execute import STOPPED
+from autograder.pipeline.course import Course, CourseError, release
+from autograder.runner.execute import STOPPED
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
@@ -204,7 +204,7 @@ def mutation_score(course: Course, name: str, *, sample: int | None = None, seed
     "stopped_early", "not_graded"}: how many mutant runs ended at their first failed test,
     and the mutants killed without a grade (failed or flagged runs), with why. ``cells``:
     only the mutants of these answer cells (grade ids), e.g. to re-check one cell's fix."""
-    from .grade import autograde
+    from autograder.pipeline.grade import autograde
     course.check_assignment(name)
     source_dir = course.source / name
     mutants = assignment_mutants(source_dir)
@@ -281,7 +281,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="grade every cell of every mutant instead of stopping at its first "
                         "failed test (same verdicts, slower)")
     m.add_argument("--semantic", action="store_true",
-                   help="grade the learner-mistake corpus instead (autograder.mistake_corpus): "
+                   help="grade the learner-mistake corpus instead (autograder.mutation.corpus): "
                         "graded and Validate scores, and which pieces lose points")
     m.add_argument("--json", type=Path, default=None, help="also write the report here")
     m.set_defaults(handler=run)
@@ -289,7 +289,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(course: Course, args: argparse.Namespace) -> int:
     if args.semantic:
-        from .semantic_mutants import print_report, semantic_report
+        from autograder.mutation.semantic import print_report, semantic_report
         report = semantic_report(course, args.assignment, workers=args.workers,
                                  unsafe=args.unsafe, cell_timeout=args.cell_timeout)
         print_report(report)

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import nbformat
 
-from .collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped, over_cap, write_notes
-from .course import Course, CourseError, ensure_in_gradebook, release, safe_name, shown
+from autograder.pipeline.collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped, over_cap, write_notes
+from autograder.pipeline.course import Course, CourseError, ensure_in_gradebook, release, safe_name
+from autograder.submitted.shown import shown
 
 DEFAULT_ROOT = "/usr/local/share/nbgrader/exchange"   # nbgrader's own default
 DEFAULT_COURSE_ID = "tinyserve"
@@ -41,7 +42,7 @@ ROOT_MODE = 0o777
 INBOUND_NO_READ = 0o004      # others must not list inbound/ (it names every submission)
 FEEDBACK_NO_READ = 0o004     # others must not list feedback/ (names are per-student hashes)
 
-log = logging.getLogger("autograder.exchange")
+log = logging.getLogger("autograder.pipeline.exchange")
 
 
 @dataclass(frozen=True)

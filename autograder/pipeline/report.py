@@ -14,8 +14,9 @@ import html
 import re
 from pathlib import Path
 
-from .course import Course, shown
-from .grade import load_results
+from autograder.pipeline.course import Course
+from autograder.submitted.shown import shown
+from autograder.pipeline.grade import load_results
 
 _MARK_SCHEME = re.compile(r"### BEGIN MARK SCHEME[ \t]*\n?(.*?)### END MARK SCHEME", re.S)
 MARK_SCHEME_CAP = 4000   # characters: a rubric is a few hundred; the cap only bounds the page

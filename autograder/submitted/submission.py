@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-from .course import shown
+from autograder.submitted.shown import shown
 
 MAX_NOTEBOOK_MB = 20
 CELL_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

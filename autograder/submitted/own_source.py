@@ -26,8 +26,8 @@ import textwrap
 import types
 from collections.abc import Mapping
 
-from .publish import KERNEL_LIBRARIES
-from .scan import _safe_magic, global_names, to_python
+from autograder.protocol.contract import KERNEL_LIBRARIES
+from autograder.submitted.scan import _safe_magic, global_names, to_python
 
 REFERENCE = "tinyserve"
 # Names that reach other names at run time: code that uses them cannot be read for what it

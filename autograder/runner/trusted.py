@@ -1,7 +1,7 @@
 """The trusted test runner: executes read-only and test cells in the grader's own process.
 
 Test cells run here, never in the student's kernel, in a ``TestNamespace`` whose missing
-names are the student's (fetched over ``autograder.channel``). Their outputs and errors are
+names are the student's (fetched over ``autograder.runner.channel``). Their outputs and errors are
 built here too: no test source, frame or traceback ever reaches the kernel, and feedback
 quotes only the tests' own messages and, marked as such, the student's (capped) errors.
 """
@@ -14,10 +14,10 @@ import sys
 
 import nbformat
 
-from .result import CellResult
-from .channel import Channel, GraderOverran, KernelLost, StudentTimeout, TemplateNameUnbound, \
+from autograder.runner.result import CellResult
+from autograder.runner.channel import Channel, GraderOverran, KernelLost, StudentTimeout, TemplateNameUnbound, \
     TestNamespace, _cap
-from .scan import to_python
+from autograder.submitted.scan import to_python
 
 OUTPUT_CAP = 100_000
 
@@ -84,7 +84,7 @@ class TrustedRunner:
     def run_setup(self, cell: nbformat.NotebookNode, label: str, timeout: float = 60,
                   publish: bool = False) -> str:
         """Run a read-only cell here (as well, or only: ``publish`` then binds what it bound
-        in the learner's namespace, see ``autograder.publish``); returns a problem to report,
+        in the learner's namespace, see ``autograder.runner.publish``); returns a problem to report,
         or ''. Its requests to the kernel have the cell's time, like a test's."""
         import time
         out = _CappedText()
@@ -115,7 +115,7 @@ class TrustedRunner:
         return ""
 
     def _publish(self, bound: dict, source: str) -> None:
-        from .publish import publication
+        from autograder.runner.publish import publication
         lend = dict.get(self.ns, "_LEND", ())
         fields = publication(bound, source, self.ns["__name__"], frozenset(self.published),
                              frozenset(lend) if isinstance(lend, (tuple, list, set)) else frozenset())

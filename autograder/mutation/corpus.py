@@ -1,4 +1,4 @@
-"""The learner mistakes that :mod:`autograder.semantic_mutants` grades, per build assignment.
+"""The learner mistakes that :mod:`autograder.mutation.semantic` grades, per build assignment.
 
 Each is a named edit of the solution's answer cell, the mistake as a learner makes it (from
 the notebooks' own warnings and from trying the assignments as a new learner would), and the

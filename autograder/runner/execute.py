@@ -5,8 +5,8 @@ interrupts and, if the kernel ignores the interrupt, kills it; a wall-clock limi
 notebook; a cap on stored output (metadata included); a kernel that dies mid-way (every later
 cell is "not run", never silently passed); and a final integrity report from inside the kernel.
 With a ``Plan`` (the grading path), test cells do not run in the kernel at all: the trusted
-runner (``autograder.trusted``) executes them in this process, reaching the student's answers
-over jupyter's stdin channel (``autograder.channel``).
+runner (``autograder.runner.trusted``) executes them in this process, reaching the student's answers
+over jupyter's stdin channel (``autograder.runner.channel``).
 """
 from __future__ import annotations
 
@@ -22,14 +22,9 @@ from jupyter_core.utils import ensure_async
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-from .result import CellResult, RunReport
+from autograder.protocol.contract import ARM, GUARD, INTEGRITY, WITHHOLD
+from autograder.runner.result import CellResult, RunReport
 
-ARM = "import autograder.testkit"
-WITHHOLD = "__import__('autograder.agent').agent.withhold_reference()"
-# Prepended to every test cell: re-import the helpers (undoing any rebinding) and check the
-# kernel for tampering before the test's own code runs.
-GUARD = ("from autograder.testkit import check_close, check_equal, check; "
-         "__import__('autograder.testkit').testkit._guard()\n")
 TIMEOUT_NAME = "CellTimeout"
 STOPPED = "an earlier test failed and the run stopped there (stop_at_failure)"
 
@@ -67,7 +62,7 @@ class Plan:
     they bind) and by the runner (the tests use it); ``guarded``: test cells that run in the
     kernel behind the testkit's guard (the old design, with ``trusted_tests`` False: kept so
     the tests can show what it fell for; the grading plan never sets it, see
-    ``autograder.worker.grading_plan``). Every other code cell runs only in the kernel.
+    ``autograder.pipeline.worker.grading_plan``). Every other code cell runs only in the kernel.
     ``stop_at_failure``: after the first test cell that fails, every later cell is "not run"
     (``STOPPED``); only the mutants tool asks for it, as a mutant that failed one test has
     lost marks whatever the rest would show."""
@@ -77,7 +72,7 @@ class Plan:
     guarded: set[int] = field(default_factory=set)
     trusted_cwd: str | None = None
     stop_at_failure: bool = False
-    # A build assignment (``autograder.publish``): read-only cells run on the trusted side
+    # A build assignment (``autograder.runner.publish``): read-only cells run on the trusted side
     # only and what they bind is published to the kernel, which cannot import tinyserve or
     # the grader's modules; the kernel holds the learner's code, torch and data, no reference.
     publish: bool = False
@@ -152,8 +147,8 @@ class _Run:
         self.stopped = False   # stop_at_failure fired: later cells are skipped, the kernel lives
         self.tests = None
         if plan.trusted_tests:
-            from .scan import names_a_cell_binds
-            from .trusted import TrustedRunner
+            from autograder.submitted.scan import names_a_cell_binds
+            from autograder.runner.trusted import TrustedRunner
             template = set()
             for i in plan.tests | plan.both:
                 template |= names_a_cell_binds(nb.cells[i].source)
@@ -276,12 +271,13 @@ class _Run:
 
     def _exchange(self, request: str | None, timeout: float) -> str | None:
         """The trusted runner's channel: one request to the kernel's serving loop, and its
-        reply (None ends the loop). See autograder.channel for the protocol."""
+        reply (None ends the loop). See autograder.runner.channel for the protocol."""
         from jupyter_core.utils import run_sync
         return run_sync(self._async_exchange)(request, timeout)
 
     async def _async_exchange(self, request: str | None, timeout: float) -> str | None:
-        from .channel import AGENT, KernelLost, StudentTimeout
+        from autograder.protocol.contract import AGENT
+        from autograder.runner.channel import KernelLost, StudentTimeout
         kc, km = self.client.kc, self.client.km
         if request is None:
             if self._serving is not None:
@@ -309,7 +305,7 @@ class _Run:
         out or the loop ended (the student's code replaced it, or it raised). Prompts of any
         other execution (a stale one) are ignored, and the kernel's output is drained as it
         comes, so what the student's code prints during a call cannot pile up here."""
-        from .channel import KernelLost
+        from autograder.runner.channel import KernelLost
         kc, km = self.client.kc, self.client.km
         end = time.monotonic() + timeout
         while (left := end - time.monotonic()) > 0:
@@ -329,7 +325,7 @@ class _Run:
         """Wait for the serving loop ``msg_id`` to end. If it asks for input instead (the
         student's code returned after the interrupt, or swallowed it while reporting an
         error), the loop survived: it is told ``done``. False if it did neither in time."""
-        from .channel import KernelLost
+        from autograder.runner.channel import KernelLost
         kc, km = self.client.kc, self.client.km
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -383,7 +379,7 @@ class _Run:
         client._out_bytes = -10 * client.output_limit  # the report must get out
         nonce = secrets.token_hex(8)
         probe = nbformat.v4.new_code_cell(
-            f"__import__('autograder.testkit').testkit._integrity_report({nonce!r})")
+            INTEGRITY.format(nonce=repr(nonce)))
         if _probe(client, probe, timeout=30):
             self.report.integrity = _parse_integrity(probe, nonce)
 

@@ -10,11 +10,11 @@ Why
 The channel
     The only link to the kernel is jupyter's own connection (the sockets nbclient already
     uses). When a trusted cell first needs the kernel, the runner sends one silent execute
-    request, ``autograder.agent.serve_loop()``, with stdin allowed. The loop asks for input;
+    request, ``autograder.kernel.agent.serve_loop()``, with stdin allowed. The loop asks for input;
     each request goes to the kernel as jupyter's *input reply*, and the kernel's answer
     comes back as the prompt of its next *input request*. ``done`` ends the loop when the
     cell is over. Requests and replies are JSON built by
-    ``autograder.wire`` (plain data; tensors and arrays as dtype + shape + raw bytes; objects
+    ``autograder.protocol.wire`` (plain data; tensors and arrays as dtype + shape + raw bytes; objects
     that stay in the kernel as opaque handles). Never pickle, never code from the kernel.
 
     ====================  ===========================================================
@@ -81,11 +81,11 @@ import builtins
 import sys
 import time
 
-from .wire import MAX_MESSAGE_BYTES, Decoder, Encoder, WireError, allowed_class, class_path, \
+from autograder.protocol.wire import MAX_MESSAGE_BYTES, Decoder, Encoder, WireError, allowed_class, class_path, \
     object_fields, parse, rebuild
 
 MESSAGE_CAP = 500
-AGENT = "__import__('autograder.agent').agent.serve_loop()"
+
 
 
 class StudentError(Exception):
@@ -314,7 +314,7 @@ class Channel:
 
     def publish(self, imports: dict, withheld: dict, values: dict, sources: dict) -> None:
         """Bind what a read-only cell bound (run here only) in the learner's namespace: see
-        ``autograder.publish``."""
+        ``autograder.runner.publish``."""
         self.request("bind", imports=imports, withheld=withheld, values=values, sources=sources)
 
     def _encode_request(self, op: str, fields: dict, rid: int) -> str:
@@ -527,7 +527,7 @@ class Constants:
         number = kept[2]
         if number in self._sent:
             return {"$c": number}
-        from .wire import _tensor_node
+        from autograder.protocol.wire import _tensor_node
         self._pending.add(number)
         return {"$cset": [number, {"$tensor": _tensor_node(t)}]}
 

@@ -3,7 +3,7 @@
 This runs your own notebook on your own machine (no sandbox needed), in a fresh kernel, top
 to bottom, then prints one line per graded test cell. The test cells run as they do at
 grading: outside your kernel, in the trusted runner, calling your functions over the same
-channel (autograder.channel), so an honest notebook gets the same verdicts here as there.
+channel (autograder.runner.channel), so an honest notebook gets the same verdicts here as there.
 Hidden tests are not in your copy, so a full self-check score is necessary but not
 sufficient for full marks.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from .execute import run_notebook
-from .submission import Unreadable, load
-from .worker import apply_results, grading_plan, score_cells
+from autograder.runner.execute import run_notebook
+from autograder.submitted.submission import Unreadable, load
+from autograder.pipeline.worker import apply_results, grading_plan, score_cells
 
 
 def self_check(path: Path, *, cell_timeout: float = 120, total_timeout: float = 1200,

@@ -24,14 +24,8 @@ import importlib
 import inspect
 import types
 
-from .wire import Encoder, WireError
-
-# Top-level packages the grading kernel imports for itself (they are in its sandbox).
-KERNEL_LIBRARIES = frozenset({
-    "torch", "numpy", "safetensors", "matplotlib", "math", "json", "collections", "itertools",
-    "functools", "random", "typing", "dataclasses", "time", "statistics", "re", "heapq",
-    "bisect", "operator", "string", "textwrap", "copy", "enum"})
-
+from autograder.protocol.contract import KERNEL_LIBRARIES
+from autograder.protocol.wire import Encoder, WireError
 
 # The statement by which a template's read-only cell declares that its kernel holds no
 # reference (every build assignment's first cell, as each is moved to this design).
@@ -42,7 +36,7 @@ def needs_no_reference(sources: list[str]) -> bool:
     """Whether the assignment's read-only cells declare ``DECLARATION``. Read from the
     template's own cells (the graded notebook takes every read-only cell from the template),
     never from anything a submission controls."""
-    from .scan import to_python
+    from autograder.submitted.scan import to_python
     for text in sources:
         try:
             tree = ast.parse(to_python(text))
@@ -88,7 +82,7 @@ def _is_data(value: object) -> bool:
 
 def _definitions(cell_source: str) -> dict[str, str]:
     """Top-level function definitions of a cell, by name: their source text."""
-    from .scan import to_python
+    from autograder.submitted.scan import to_python
     text = to_python(cell_source)
     try:
         tree = ast.parse(text)

@@ -1,7 +1,7 @@
 """The data format of the grading channel: plain values in, plain values out, never pickle.
 
-Both ends use this module: the trusted test runner (``autograder.channel``) and the agent in
-the student's kernel (``autograder.agent``). A value crosses as JSON built from these nodes,
+Both ends use this module: the trusted test runner (``autograder.runner.channel``) and the agent in
+the student's kernel (``autograder.kernel.agent``). A value crosses as JSON built from these nodes,
 and nothing else decodes:
 
 =====================================  ==============================================
@@ -79,12 +79,10 @@ DATA_CLASSES = frozenset({
     "tinyserve.workload:LogNormal",
     "tinyserve.workload:Mixture",
     "tinyserve.kv_cache:KVCache",
-    "autograder.build_checks:ReferenceCache",
 })
 # Of those, the ones that are not dataclasses: plain classes whose whole state is their
 # instance fields (tensors, ints, a config), rebuilt without running their constructor.
-PLAIN_DATA_CLASSES = frozenset({"tinyserve.kv_cache:KVCache",
-                                "autograder.build_checks:ReferenceCache"})
+PLAIN_DATA_CLASSES = frozenset({"tinyserve.kv_cache:KVCache"})
 
 
 class WireError(ValueError):
@@ -375,7 +373,7 @@ def allowed_class(path: str) -> type:
     an import of it under another module's name is refused too)."""
     if path not in DATA_CLASSES:
         raise WireError(f"objects of {str(path)[:80]!r} cannot cross the channel (only the "
-                        "course's own data classes, autograder.wire.DATA_CLASSES)")
+                        "course's own data classes, autograder.protocol.wire.DATA_CLASSES)")
     module, _, qualname = path.partition(":")
     cls = getattr(importlib.import_module(module), qualname, None)
     if not isinstance(cls, type) or class_path(cls) != path:

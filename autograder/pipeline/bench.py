@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tinyserve.provenance import git_commit, machine_info
 
-from .course import Course, CourseError, release
-from .grade import autograde
+from autograder.pipeline.course import Course, CourseError, release
+from autograder.pipeline.grade import autograde
 
 
 def _mean(xs: list) -> float:

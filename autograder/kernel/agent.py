@@ -3,9 +3,9 @@
 Imported into the student's (sandboxed) kernel. It is *not* trusted and needs not be: a
 submission may replace it, patch it or answer with anything it likes, and the worst it can
 do is hand the tests wrong data, which is no more than a wrong answer. See
-``autograder.channel`` for the protocol and why no verdict can be forged from here.
+``autograder.runner.channel`` for the protocol and why no verdict can be forged from here.
 
-Every request is one JSON object (``op`` plus fields, values encoded by ``autograder.wire``);
+Every request is one JSON object (``op`` plus fields, values encoded by ``autograder.protocol.wire``);
 every reply is ``{"ok": value}``, ``{"missing": true}`` or ``{"error": [module, type name,
 message]}``. The runner starts ``serve_loop()`` with one silent execute request that allows
 stdin; from then on requests arrive as jupyter *input replies* and each reply leaves as the
@@ -17,7 +17,8 @@ from __future__ import annotations
 import sys
 from types import FunctionType as _FunctionType
 
-from .wire import Decoder, Encoder, WireError, allowed_class, class_path, object_fields, \
+from autograder.protocol.contract import HELPERS, KERNEL_MODULES
+from autograder.protocol.wire import Decoder, Encoder, WireError, allowed_class, class_path, object_fields, \
     rebuild
 
 _objects: dict[int, object] = {}     # handle id -> object kept alive for the runner
@@ -261,11 +262,6 @@ class _Withheld:
         return f"<withheld at grading: {self._name}>"
 
 
-# The modules of autograder a kernel may import: this end of the channel, its format, and the
-# helpers the notebooks import before any answer runs. Everything else is the grader's.
-KERNEL_MODULES = frozenset({"autograder", "autograder.agent", "autograder.wire",
-                            "autograder.testkit", "autograder.kernel_boot",
-                            "autograder.kernel_helpers"})
 
 
 class _NoReference:
@@ -351,9 +347,10 @@ def _apply(req: dict):
     if op == "helper":
         # A helper of the tests' own module, named by the runner (never a notebook name):
         # it sets up what the learner's code works with here (a cache, a device).
-        from .kernel_helpers import resolve
+        import importlib
         name = str(req.get("name", ""))
-        helper = resolve(name)
+        module, _, attr = HELPERS.get(name, "").partition(":")
+        helper = getattr(importlib.import_module(module), attr, None) if module else None
         if helper is None:
             raise WireError(f"no kernel helper {name[:40]!r}")
         args = _decoder.decode(req.get("args", []))

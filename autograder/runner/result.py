@@ -1,6 +1,6 @@
 """What running a notebook reports: each cell's outcome and the run's events, flags and
-integrity report. Shared by the executor (``autograder.execute``), which fills it, and the
-trusted runner (``autograder.trusted``), whose test cells each end in a ``CellResult``."""
+integrity report. Shared by the executor (``autograder.runner.execute``), which fills it, and the
+trusted runner (``autograder.runner.trusted``), whose test cells each end in a ``CellResult``."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -4,7 +4,7 @@ Runs before any submitted code. The audit hook is CPython's (PEP 578): once inst
 cannot be removed, so every file a submission opens, every process it tries to start and
 every connection it tries to make is seen. Process creation is refused outright (a fork bomb
 gets a PermissionError, not a fork); file opens outside the allowed roots and network attempts
-are recorded through a pipe to the launcher outside the sandbox (autograder.sandbox.launch),
+are recorded through a pipe to the launcher outside the sandbox (autograder.runner.sandbox.launch),
 which writes the audit log the grader reads after the kernel stops and turns into review
 flags.
 """
@@ -127,7 +127,7 @@ def main() -> None:
                 "/tmp", "/dev", "/proc", "/sys", "/etc/ld.so.cache", "/etc/localtime",
                 "/usr", "/lib", "/lib64", "/bin"]
     log_path = os.path.join(os.path.dirname(run_dir), "audit.log")  # not even mounted here
-    # The write end of the launcher's pipe (autograder.sandbox.launch): records go out of
+    # The write end of the launcher's pipe (autograder.runner.sandbox.launch): records go out of
     # the sandbox as they happen, and nothing in here can take one back.
     log_fd = int(os.environ.pop("AUTOGRADER_AUDIT_FD"))
     # Still root here (inside the sandbox, with no capability but setuid/setgid): copy the

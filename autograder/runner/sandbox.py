@@ -2,14 +2,14 @@
 
 Grading starts kernels through a kernelspec of ours whose argv is this module. Running on the
 host (trusted, usually as root), it hands the connection file to the sandbox user and then
-replaces itself with ``bwrap``, which runs ``autograder.kernel_boot`` inside:
+replaces itself with ``bwrap``, which runs ``autograder.kernel.boot`` inside:
 
 - no network namespace (no interfaces but loopback), own PID, IPC and UTS namespaces;
 - a filesystem of read-only binds only: the OS (``/usr``), the Python installation, the
   virtual environment and the ``autograder``/``tinyserve`` package sources, plus a tmpfs
   ``/tmp`` and the submission's own run folder (the only writable path). ``solutions/``,
   ``grading/`` and other students' folders simply do not exist in there;
-- kernel_boot then sets rlimits (memory, processes, file size, CPU time), drops to an
+- kernel/boot then sets rlimits (memory, processes, file size, CPU time), drops to an
   unprivileged uid and installs an audit hook before ipykernel starts. The wall-clock limit is
   enforced from outside by the executor.
 
@@ -26,6 +26,8 @@ import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from autograder.protocol.contract import KERNEL_BOOT, KERNEL_FILES
 
 KERNEL_NAME = "tinyserve-sandbox"
 BASE_UID = 61000  # sandbox uids are BASE_UID + worker slot, so slots never share a process quota
@@ -48,7 +50,7 @@ class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
     isolate: bool = True         # False only with --unsafe: no bwrap, limits and audit kept
     # False for a build assignment: tinyserve is not mounted and of autograder only the
-    # kernel's own modules are (agent.KERNEL_MODULES): the kernel holds no reference.
+    # kernel's own modules are (protocol.contract.KERNEL_FILES): the kernel holds no reference.
     reference: bool = True
 
     @property
@@ -57,7 +59,7 @@ class SandboxSpec:
 
     @property
     def support(self) -> str:
-        """Released data files, copied into home by kernel_boot before any student code."""
+        """Released data files, copied into home by kernel/boot before any student code."""
         return os.path.join(self.run_dir, "support")
 
     @property
@@ -95,9 +97,6 @@ def package_dirs() -> list[str]:
     return dirs
 
 
-# The files of autograder a kernel without the reference gets (agent.KERNEL_MODULES).
-KERNEL_FILES = ("__init__.py", "agent.py", "wire.py", "testkit.py", "kernel_boot.py",
-                "kernel_helpers.py")
 
 
 def kernel_bytecode() -> list[str]:
@@ -196,6 +195,8 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
                 continue
             argv.extend(["--tmpfs", d])
             if Path(d).name == "autograder":
+                for sub in sorted({str(Path(f).parent) for f in KERNEL_FILES} - {"."}):
+                    argv.extend(["--perms", "0755", "--dir", str(Path(d) / sub)])
                 for f in KERNEL_FILES:
                     argv.extend(["--ro-bind", str(Path(d) / f), str(Path(d) / f)])
                 for pyc in kernel_bytecode():
@@ -209,7 +210,7 @@ def bwrap_argv(spec: SandboxSpec, inner: list[str]) -> list[str]:
                  "--size", size, "--perms", "1777", "--tmpfs", spec.home,
                  "--chdir", spec.home])
     if os.getuid() == 0:
-        # kernel_boot needs these two to drop to the sandbox uid; it then has no capability.
+        # kernel/boot needs these two to drop to the sandbox uid; it then has no capability.
         argv.extend(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"])
     return [*argv, "--", *inner]
 
@@ -234,7 +235,7 @@ def write_kernelspec(folder: Path) -> Path:
     spec_dir = folder / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sandbox_python(), "-m", "autograder.sandbox", "{connection_file}"],
+        "argv": [sandbox_python(), "-m", "autograder.runner.sandbox", "{connection_file}"],
         "display_name": "tinyserve grading sandbox",
         "language": "python",
         # Signals cannot cross into bwrap's PID namespace reliably; ask ipykernel by message.
@@ -246,7 +247,7 @@ def write_kernelspec(folder: Path) -> Path:
 def prepare_run_dir(spec: SandboxSpec) -> None:
     """Lay out the run folder: root-owned, with only ipc/ handed to the sandbox uid.
 
-    The audit log stays root's (0600): kernel_boot opens it before dropping privileges, so
+    The audit log stays root's (0600): kernel/boot opens it before dropping privileges, so
     the submission holds only an append-only descriptor and cannot open it by name.
     """
     for d in (spec.run_dir, spec.home, spec.support, spec.ipc):
@@ -302,7 +303,7 @@ def sandbox_python() -> str:
 
 
 def _exec_kernel(spec: SandboxSpec, connection_file: str, audit_fd: int) -> None:
-    inner = [sandbox_python(), "-m", "autograder.kernel_boot", "-f", connection_file]
+    inner = [sandbox_python(), "-m", KERNEL_BOOT, "-f", connection_file]
     env = {**kernel_env(spec), AUDIT_FD_ENV: str(audit_fd)}
     if not spec.isolate:
         os.chdir(spec.home)

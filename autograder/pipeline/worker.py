@@ -1,10 +1,10 @@
 """Grade one submission (one student, one assignment) and return a result record.
 
-Runs in its own process, started by the coordinator (``autograder.grade``), so a grader crash
+Runs in its own process, started by the coordinator (``autograder.pipeline.grade``), so a grader crash
 costs one submission, never the batch. It never touches the gradebook: it writes the
 autograded notebooks and returns a JSON result; the coordinator alone records grades.
 
-    python -m autograder.worker JOB.json RESULT.json
+    python -m autograder.pipeline.worker JOB.json RESULT.json
 """
 from __future__ import annotations
 
@@ -20,14 +20,15 @@ from pathlib import Path
 
 import nbformat
 
-from .collect import collect_notes
-from .course import Course, grader_template, hidden_test_lines, shown, write_json
-from .execute import Plan, RunReport, run_notebook
-from .publish import needs_no_reference
-from .sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
+from autograder.pipeline.collect import collect_notes
+from autograder.pipeline.course import Course, grader_template, hidden_test_lines, write_json
+from autograder.submitted.shown import shown
+from autograder.runner.execute import Plan, RunReport, run_notebook
+from autograder.runner.publish import needs_no_reference
+from autograder.runner.sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     sandbox_processes, write_kernelspec
-from .scan import names_bound, scan_cell
-from .submission import Unreadable, grade_id, is_test, load, merge, nbgrader_meta
+from autograder.submitted.scan import names_bound, scan_cell
+from autograder.submitted.submission import Unreadable, grade_id, is_test, load, merge, nbgrader_meta
 
 
 # The worker holds ~0.5 GB of data while grading the largest assignment (torch, the shipped
@@ -438,7 +439,7 @@ def _internal_error(job: Job, e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from .sandbox import _die_with_parent
+    from autograder.runner.sandbox import _die_with_parent
     _die_with_parent()  # a coordinator that dies takes its workers, and so their kernels, along
     job = Job(**json.loads(Path(argv[0]).read_text()))
     try:

@@ -1,9 +1,9 @@
 """The learner's mistakes as mutants: does each cost marks, at Validate too, and only its piece?
 
-Single-point mutants (:mod:`autograder.mutants`) change an operator or a constant; learners make
+Single-point mutants (:mod:`autograder.mutation.mutants`) change an operator or a constant; learners make
 other mistakes: a cache that is never read, a mask built by index, a residual dropped. This
 module grades *semantic* mutants: named source edits of the solution, each a mistake a
-learner makes (the corpus is :mod:`autograder.mistake_corpus`), and reports per mistake
+learner makes (the corpus is :mod:`autograder.mutation.corpus`), and reports per mistake
 
 - the **graded** score (every test, hidden ones included) and the test cells that lost points;
 - the **Validate** score: the same mistake graded with the hidden tests removed, which is what
@@ -25,8 +25,8 @@ import tempfile
 
 import nbformat
 
-from .course import Course, CourseError, release
-from .mistake_corpus import CORPUS, Mistake
+from autograder.pipeline.course import Course, CourseError, release
+from autograder.mutation.corpus import CORPUS, Mistake
 
 HIDDEN = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS\n?", re.S)
 
@@ -79,7 +79,7 @@ def strip_hidden_tests(folder: Path) -> None:
 def _grade(source_dir: Path, name: str, variants: list[dict[str, str]], *, visible_only: bool,
            **grading) -> list[dict]:
     """Grade the solution (first) and each variant in a scratch course; results in order."""
-    from .grade import autograde
+    from autograder.pipeline.grade import autograde
     with tempfile.TemporaryDirectory(prefix="semantic-") as tmp:
         scratch = Course(Path(tmp))
         shutil.copytree(source_dir, scratch.source / name)
