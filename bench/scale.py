@@ -120,7 +120,7 @@ def forget_compiled(model: TinyLlama) -> None:
     import sys
 
     from torch._inductor.codecache import PyCodeCache
-    _DECODERS.pop(model, None)
+    _DECODERS.drop(model)
     torch._dynamo.reset()
     PyCodeCache.cache_clear()
     for name, module in list(sys.modules.items()):

@@ -20,6 +20,7 @@ One request (chapters 0-2)
     kv_cache        the contiguous KV cache
     compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
     cuda_graph      the decode step captured once per batch bucket and replayed (CUDA's default)
+    decoder_cache   the bounded (least recently used first out) cache of static decoders
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
 

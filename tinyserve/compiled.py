@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import time
-import weakref
 
 import torch
 from torch import Tensor
 
 from .config import ModelConfig
+from .decoder_cache import DecoderCache
 from .model import TinyLlama
 from .sampling import SamplingParams, sample_with
 
@@ -202,23 +202,23 @@ def compile_token_layers(model: TinyLlama, backend: str = "inductor") -> None:
         layer.mlp.compile(backend=backend, dynamic=True, fullgraph=True)
 
 
-DecoderKey = tuple[int, int, str | None, str]
-_DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[DecoderKey, CompiledDecoder]]" = \
-    weakref.WeakKeyDictionary()
+#: How many compiled decoders are kept (beyond it the least recently used is freed): each
+#: holds a static KV cache of its bucket and window and its compiled step.
+MAX_DECODERS = 8
+_DECODERS: DecoderCache[CompiledDecoder] = DecoderCache(MAX_DECODERS)
 
 
 def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
                      backend: str = "inductor", tokens: int | None = None) -> CompiledDecoder:
     """The decoder for ``model``, the bucket holding ``batch`` rows and the window holding
     ``tokens`` positions per row (default: the whole context window), compiled once and
-    reused (compiling again for every request would cost more than it saves)."""
+    reused (compiling again for every request would cost more than it saves); at most
+    :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.decoder_cache`)."""
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
-    per_model = _DECODERS.setdefault(model, {})
     key = (bucket_for(batch), window, mode, backend)
-    if key not in per_model:
-        per_model[key] = CompiledDecoder(model, key[0], mode, backend, window)
-    return per_model[key]
+    return _DECODERS.get(model, key, lambda: CompiledDecoder(model, key[0], mode, backend,
+                                                             window), exclusive=False)
 
 
 @torch.no_grad()

@@ -34,33 +34,45 @@ mask made on the device from the lengths hides the ones past its end
 (:class:`~tinyserve.paged.DecodeLayout`): a fixed shape and nothing read back. Padding rows
 write and read one scratch block that the block manager never hands out, so they cannot
 change a real row. The window is the step's longest context rounded up to a power of two
-from 64, so one graph per (bucket, window) is captured, on first use; nano-vllm captures
-its buckets at start-up for the whole context window.
+from 64, so there is one graph per (bucket, window), and all of them are captured at
+start-up (:meth:`EngineGraphs.warmup`, which the engine's executor calls when it is made),
+largest first, as nano-vllm captures its buckets: a capture mid-stream would stall every
+request of that step for a couple of eager steps' time.
+
+Captures use ``capture_error_mode="thread_local"``: the async server steps its engine on a
+thread of its own, and in the default (global) mode a CUDA call another thread makes during
+a capture (the event loop's, say) would be an error in the capture.
 
 Where CUDA is absent (or ``capture=False``) both run the same step eagerly on the same
 static buffers: that is how the buffers, the buckets and the padding are tested on a CPU,
-against the plain KV-cache step and the engine's plain step. ``torch.compile``'s graphs
+against the plain KV-cache step and the engine's plain step. :class:`EngineGraphs` goes
+through the very same warm-up there, with an :class:`EagerReplay` (the step, run when
+"replayed") for each shape in place of a graph, so when and in which order shapes are
+captured is tested on a CPU too. Idle :class:`GraphDecoder` s are kept in a
+:class:`~tinyserve.decoder_cache.DecoderCache` of at most :data:`MAX_DECODERS`. ``torch.compile``'s graphs
 (:mod:`tinyserve.compiled`) stay the opt-in "compiled" step: fused kernels, minutes to
 build.
 """
 from __future__ import annotations
 
+import functools
 import time
-import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from .compiled import StaticKVCache, window_for
+from .compiled import SMALLEST_WINDOW, StaticKVCache, window_for
 from .config import ModelConfig
+from .decoder_cache import DecoderCache
 from .device import upload
 from .kv_cache import CacheFullError
 from .model import TinyLlama
 from .paged import DecodeBuffers, PagedKVCache
 
 __all__ = ["MAX_BATCH", "buckets", "bucket_for", "GraphKVCache", "GraphDecoder",
-           "graph_decoder", "EngineGraphs", "shared_pool", "record", "weight_addresses",
+           "graph_decoder", "EngineGraphs", "EagerReplay", "shared_pool", "record",
+           "weight_addresses", "MAX_DECODERS",
            "eager_step_seconds", "graph_step_seconds", "compare"]
 
 #: The largest batch a graph is captured for (nano-vllm's default ``max_num_seqs``).
@@ -144,7 +156,9 @@ def record(step: Callable[[], Tensor], device: torch.device) -> tuple[torch.cuda
             step()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=shared_pool(device)):
+    # thread_local: only this thread's unsafe CUDA calls break the capture, not another
+    # thread's (the async server steps its engine on a thread of its own).
+    with torch.cuda.graph(graph, pool=shared_pool(device), capture_error_mode="thread_local"):
         out = step()
     torch.cuda.synchronize(device)
     return graph, out
@@ -271,8 +285,10 @@ class GraphDecoder:
         self.in_use = False
 
 
-_DECODERS: "weakref.WeakKeyDictionary[TinyLlama, dict[tuple, list[GraphDecoder]]]" = \
-    weakref.WeakKeyDictionary()
+#: How many graph decoders are kept (idle ones beyond it are freed, least recently used
+#: first): each holds a static KV cache of its bucket and window and, on CUDA, its graph.
+MAX_DECODERS = 8
+_DECODERS: DecoderCache[GraphDecoder] = DecoderCache(MAX_DECODERS)
 
 
 def graph_decoder(model: TinyLlama, batch: int, tokens: int | None = None, *,
@@ -283,21 +299,30 @@ def graph_decoder(model: TinyLlama, batch: int, tokens: int | None = None, *,
 
     Decoders are kept per model and reused, graph and all: a graph is captured once, not
     per request. A second request while the first still streams gets a decoder of its own.
+    At most :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.decoder_cache`).
     """
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
     capture = model.device.type == "cuda" if capture is None else capture
     key = (bucket_for(batch), window, capture, model.device, model.dtype)
-    free = _DECODERS.setdefault(model, {}).setdefault(key, [])
-    decoder = next((d for d in free if not d.in_use), None)
-    if decoder is None:
-        decoder = GraphDecoder(model, key[0], window, capture=capture)
-        free.append(decoder)
+    decoder = _DECODERS.get(model, key,
+                            lambda: GraphDecoder(model, key[0], window, capture=capture))
     decoder.in_use = True
     return decoder
 
 
 # ------------------------------------------------------------------ the engine's decode steps
+
+class EagerReplay:
+    """What the eager fallback keeps in place of a captured graph: :meth:`replay` runs the
+    step itself, on the same static buffers (where CUDA is absent, or ``capture=False``)."""
+
+    def __init__(self, step: Callable[[], Tensor]) -> None:
+        self.step = step
+
+    def replay(self) -> None:
+        self.step()
+
 
 class EngineGraphs:
     """The continuous-batching engine's pure-decode steps (every row feeds one token) on
@@ -311,13 +336,14 @@ class EngineGraphs:
     one graph serves every mix of lengths up to the window. The window is the longest
     context rounded up to a power of two from 64 (:func:`~tinyserve.compiled.window_for`),
     as in the compiled step: gathering the whole context window would read far more keys
-    than short requests hold. Graphs are captured on first use, into the device's shared
-    pool (the time each took is kept in ``capture_seconds``); the logits land in one static
-    buffer ``logits``.
+    than short requests hold. :meth:`warmup` captures every (bucket, window) up front, into
+    the device's shared pool (the time each took is kept in ``capture_seconds``); the
+    logits land in one static buffer ``logits``.
 
     With ``capture=False`` (the default where CUDA is absent) the very same step runs
-    eagerly on the same buffers: that is how the buckets, the padding and the buffers are
-    tested on a CPU against the engine's plain step.
+    eagerly on the same buffers (an :class:`EagerReplay` per shape): that is how the
+    buckets, the padding, the buffers and the warm-up are tested on a CPU against the
+    engine's plain step.
     """
 
     def __init__(self, model: TinyLlama, cache: PagedKVCache, max_rows: int, *,
@@ -331,8 +357,9 @@ class EngineGraphs:
         self.max_blocks = -(-self.context // cache.block_size)
         self.buffers = DecodeBuffers(cache, self.max_rows, self.max_blocks)
         self.logits = torch.zeros(self.max_rows, model.config.vocab_size, device=self.device)
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph | EagerReplay] = {}
         self.capture_seconds: dict[tuple[int, int], float] = {}
+        self.captures = 0                              # shapes captured, warm-ups included
         self.steps = 0                                 # steps taken through these buffers
         self._captured_from: tuple | None = None
         # False after an eager step: the next replay first checks that the weights the
@@ -346,19 +373,49 @@ class EngineGraphs:
         return bucket_for(rows, self.max_rows), min(-(-window // self.cache.block_size),
                                                     self.max_blocks)
 
+    def shapes(self) -> list[tuple[int, int]]:
+        """Every (bucket, blocks) a step can take, largest first: the order :meth:`warmup`
+        captures them in, so the shared pool is sized by the largest graph at once and the
+        smaller ones reuse its memory (nano-vllm captures its buckets in that order)."""
+        longest, windows = SMALLEST_WINDOW, []
+        while longest < self.context:                  # window_for's powers of two, then
+            windows.append(longest)                    # the context window itself
+            longest *= 2
+        windows.append(self.context)
+        return sorted({self.shape(rows, w) for rows in buckets(self.max_rows)
+                       for w in windows}, reverse=True)
+
+    def warmup(self, progress: bool | None = None) -> None:
+        """Capture every shape not yet captured (:meth:`shapes`), before any request: a
+        capture mid-stream would stall that step's requests. ``progress`` (default: when
+        capturing for real) shows a progress line."""
+        from tqdm.auto import tqdm
+        todo = [s for s in self.shapes() if s not in self.graphs]
+        show = self.capture if progress is None else progress
+        for rows, blocks in tqdm(todo, desc="capturing decode graphs", unit="graph",
+                                 disable=not show or not todo, leave=False):
+            self._capture(rows, blocks)
+        self.checked = True
+
     def _forward(self, rows: int, blocks: int) -> Tensor:
         layout = self.cache.prepare_decode(self.buffers, rows, blocks)
         self.logits[:rows].copy_(self.model(layout.input_ids, None, self.cache)[0])
         return self.logits[:rows]
 
-    def _capture(self, rows: int, blocks: int) -> torch.cuda.CUDAGraph:
+    @torch.no_grad()
+    def _capture(self, rows: int, blocks: int) -> torch.cuda.CUDAGraph | EagerReplay:
         start = time.perf_counter()
-        if self.graphs and weight_addresses(self.model) != self._captured_from:
-            self.graphs.clear()                       # the others read moved weights
-        self.buffers.park()                           # the warm-up writes the scratch slot only
-        graph, _ = record(lambda: self._forward(rows, blocks), self.device)
-        self._captured_from = weight_addresses(self.model)
+        step = functools.partial(self._forward, rows, blocks)
+        if not self.capture:
+            graph: torch.cuda.CUDAGraph | EagerReplay = EagerReplay(step)
+        else:
+            if self.graphs and weight_addresses(self.model) != self._captured_from:
+                self.graphs.clear()                   # the others read moved weights
+            self.buffers.park()                       # the warm-up writes the scratch slot only
+            graph, _ = record(step, self.device)
+            self._captured_from = weight_addresses(self.model)
         self.graphs[rows, blocks] = graph
+        self.captures += 1
         self.capture_seconds[rows, blocks] = time.perf_counter() - start
         return graph
 
@@ -373,13 +430,12 @@ class EngineGraphs:
             raise ValueError(f"a static decode step takes 1 to {self.max_rows} rows, got {rows}")
         bucket, blocks = self.shape(rows, max(positions) + 1)
         self.steps += 1
-        if not self.capture:
-            self.buffers.fill(token_ids, positions, tables, bucket)
-            return self._forward(bucket, blocks)[:rows]
-        if not self.checked:
+        if self.capture and not self.checked:
             if self.graphs and weight_addresses(self.model) != self._captured_from:
-                self.graphs.clear()
+                self.graphs.clear()                   # every graph reads moved weights:
+                self.warmup()                         # all captured again, at once
             self.checked = True
+        # Captured up front (warmup); only a decoder used without one captures here.
         graph = self.graphs.get((bucket, blocks)) or self._capture(bucket, blocks)
         self.buffers.fill(token_ids, positions, tables, bucket)
         graph.replay()

@@ -16,7 +16,8 @@ the context window) and the blocks it returns. Two executors share this loop:
 :class:`~tinyserve.simulator.SimulatedExecutor` charges a calibrated cost on a virtual
 clock, so scheduling experiments with thousands of requests take seconds. On CUDA the
 model executor replays each pure-decode step (every row one token) as a CUDA graph
-(:class:`~tinyserve.cuda_graph.EngineGraphs`); ``EngineConfig(graph=True)`` runs that same
+(:class:`~tinyserve.cuda_graph.EngineGraphs`), every (bucket, window) of them captured when
+the executor is made, before any request; ``EngineConfig(graph=True)`` runs that same
 static-buffer step eagerly on a CPU.
 """
 from __future__ import annotations
@@ -88,7 +89,9 @@ class ModelExecutor:
     With ``graph``, a step whose every row feeds one token goes through
     :class:`~tinyserve.cuda_graph.EngineGraphs` instead (up to ``max_num_seqs`` rows): a
     replayed CUDA graph where ``capture`` (default: on CUDA), the same static-buffer step
-    run eagerly otherwise. Prefill and mixed steps always take the eager path."""
+    run eagerly otherwise. Prefill and mixed steps always take the eager path. Every graph
+    is captured here, at start-up (nano-vllm's way): a capture on the first step of a
+    shape would stall the requests in that step."""
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, *,
                  graph: bool = False, max_num_seqs: int = 16,
@@ -98,6 +101,8 @@ class ModelExecutor:
                                   device=model.device, dtype=model.dtype, scratch=graph)
         self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture) \
             if graph else None
+        if self.graphs is not None:
+            self.graphs.warmup()
 
     def now(self) -> float:
         return time.perf_counter()

@@ -248,8 +248,8 @@ def measure_steps(model: Any, *, repeats: int = 5, seed: int = 0,
     # Every shape keeps its blocks for the whole run (the repeats go round the grid).
     need = sum(-(-(ctx + n) // block_size) for shape in shapes for ctx, n in shape)
     blocks = BlockManager(need, block_size, enable_prefix_caching=False)
-    # As the engine runs it: on CUDA its pure-decode steps replay CUDA graphs (captured on
-    # first use, in each shape's untimed warm-up below), elsewhere every step is eager.
+    # As the engine runs it: on CUDA its pure-decode steps replay CUDA graphs (all captured
+    # when the executor is made), elsewhere every step is eager.
     executor = ModelExecutor(model, blocks.num_blocks, block_size,
                              graph=model.device.type == "cuda",
                              max_num_seqs=max(len(shape) for shape in shapes))

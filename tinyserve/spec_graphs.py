@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import time
-import weakref
 from collections.abc import Sequence
 
 import torch
@@ -39,11 +38,12 @@ from torch import Tensor
 from .compiled import StaticKVCache, window_for
 from .config import ModelConfig
 from .cuda_graph import record, weight_addresses
+from .decoder_cache import DecoderCache
 from .device import upload
 from .kv_cache import CacheFullError
 from .model import TinyLlama
 
-__all__ = ["WidthKVCache", "StaticPasses", "static_passes"]
+__all__ = ["WidthKVCache", "StaticPasses", "static_passes", "MAX_PASSES"]
 
 
 class WidthKVCache(StaticKVCache):
@@ -178,22 +178,22 @@ class StaticPasses:
         self.in_use = False
 
 
-_PASSES: "weakref.WeakKeyDictionary[TinyLlama, dict[tuple, list[StaticPasses]]]" = \
-    weakref.WeakKeyDictionary()
+#: How many :class:`StaticPasses` are kept (idle ones beyond it are freed, least recently
+#: used first): each holds a static KV cache of its window and, on CUDA, a graph per width.
+MAX_PASSES = 8
+_PASSES: DecoderCache[StaticPasses] = DecoderCache(MAX_PASSES)
 
 
 def static_passes(model: TinyLlama, tokens: int, widths: Sequence[int], *,
                   capture: bool | None = None) -> StaticPasses:
     """A free :class:`StaticPasses` for ``model`` holding ``tokens`` positions (rounded up
     to a power of two from 64, as the decode graphs are) and passes of ``widths``, marked in
-    use until :meth:`StaticPasses.release`. Kept per model and reused, graphs and all."""
+    use until :meth:`StaticPasses.release`. Kept per model and reused, graphs and all (at
+    most :data:`MAX_PASSES`: see :mod:`tinyserve.decoder_cache`)."""
     window = window_for(tokens, model.config.max_position_embeddings)
     capture = model.device.type == "cuda" if capture is None else capture
     key = (window, tuple(sorted(set(widths))), capture, model.device, model.dtype)
-    free = _PASSES.setdefault(model, {}).setdefault(key, [])
-    passes = next((p for p in free if not p.in_use), None)
-    if passes is None:
-        passes = StaticPasses(model, window, key[1], capture=capture)
-        free.append(passes)
+    passes = _PASSES.get(model, key,
+                         lambda: StaticPasses(model, window, key[1], capture=capture))
     passes.in_use = True
     return passes
