@@ -263,7 +263,7 @@ def test_a_reply_through_the_channel_is_counted_before_it_is_parsed():
 def test_a_notebook_over_the_collect_cap_is_graded_failed_with_the_reason(tmp_path, monkeypatch):
     import shutil
 
-    from autograder import collect as collect_mod
+    from autograder.pipeline import collect as collect_mod
     from autograder.pipeline.course import Course
     from autograder.pipeline.report import export
     from autograder.pipeline.worker import Job, grade
@@ -316,7 +316,7 @@ def test_a_worker_that_dies_or_is_stopped_leaves_a_record_saying_how(tmp_path, m
                                                                      script, backstop, expect):
     import sys
 
-    from autograder import grade as grade_mod
+    from autograder.pipeline import grade as grade_mod
     monkeypatch.setattr(grade_mod, "worker_command",
                         lambda job_path, out_path: [sys.executable, "-c", script])
     monkeypatch.setattr(grade_mod, "BACKSTOP_GRACE_S", 0.5 - 60)
@@ -383,7 +383,7 @@ def test_a_worker_past_its_cpu_bound_is_ended_and_the_record_says_so():
 
 
 def test_the_worker_applies_its_bounds_before_grading(tmp_path, monkeypatch):
-    from autograder import worker
+    from autograder.pipeline import worker
     seen = {}
     monkeypatch.setattr(worker, "limit_worker",
                         lambda memory_mb, cpu_seconds: seen.update(mb=memory_mb, s=cpu_seconds))
@@ -397,8 +397,8 @@ def test_the_worker_applies_its_bounds_before_grading(tmp_path, monkeypatch):
 
 
 def test_a_notebook_over_the_cap_in_the_exchange_is_left_out_and_said(tmp_path, monkeypatch):
-    from autograder import collect as collect_mod
-    from autograder import exchange
+    from autograder.pipeline import collect as collect_mod
+    from autograder.pipeline import exchange
     course = _course(tmp_path)
     monkeypatch.setattr(collect_mod, "MAX_FILE_MB", 1)
     src = tmp_path / "inbound" / "ann+mini+2026-12-01 10:00:00.000000 UTC"

@@ -45,7 +45,7 @@ def test_a_name_the_template_binds_is_never_fetched_from_the_kernel():
 @pytest.fixture()
 def in_process(monkeypatch):
     """The trusted side talking to autograder.kernel.agent in this process (no kernel)."""
-    from autograder import agent
+    from autograder.kernel import agent
     from autograder.runner.trusted import TrustedRunner
     student_ns: dict = {"__name__": "__main__"}
     monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
@@ -160,7 +160,7 @@ def test_a_lent_object_counts_on_the_tests_side_what_the_learners_code_does(in_p
                                                                             monkeypatch):
     """The learner's code gets a stand-in: its methods and attributes are served here, one
     call back each, and it cannot be written; the tests read the real object's count."""
-    from autograder import agent
+    from autograder.kernel import agent
     student, runner = in_process
     # In this process a call back goes straight to the runner (over jupyter it is one more
     # prompt and input reply inside the running request).
@@ -210,7 +210,7 @@ def test_no_output_of_a_graded_notebook_quotes_hidden_test_source():
 def test_a_lent_function_gets_the_tests_constants_back_by_number(in_process, monkeypatch):
     """A lent function the learner's code calls with the tests' weights: they go back as
     their numbers (not 160 kB each call) and the function gets the tests' own tensors."""
-    from autograder import agent
+    from autograder.kernel import agent
     student, runner = in_process
     texts = []
 

@@ -281,7 +281,7 @@ def test_the_formgrader_view_of_a_submission_carries_no_active_content(tmp_path)
 def in_process(monkeypatch):
     """The trusted side talking to autograder.kernel.agent in this process (no kernel): the same
     requests and replies as over jupyter's stdin channel."""
-    from autograder import agent
+    from autograder.kernel import agent
     student_ns: dict = {}
     monkeypatch.setattr(agent, "_user_ns", lambda: student_ns)
     ch = Channel(lambda request, timeout: None if request is None else agent.serve(request))
@@ -319,7 +319,7 @@ def test_lent_objects_come_back_with_what_the_call_wrote_and_nothing_else(in_pro
 @pytest.fixture()
 def counted(monkeypatch):
     """Like ``in_process``, and a TrustedRunner over it, with every request's text kept."""
-    from autograder import agent
+    from autograder.kernel import agent
     from autograder.runner.trusted import TrustedRunner
     student_ns: dict = {"__name__": "__main__"}   # classes defined there are the kernel's
     sent: list[str] = []
@@ -411,7 +411,8 @@ def test_a_large_constant_crosses_once_and_a_changed_copy_is_sent_again(counted)
 
 def test_a_method_calls_reply_leaves_out_large_attributes_without_encoding_them(counted,
                                                                               monkeypatch):
-    from autograder import agent, wire
+    from autograder.kernel import agent
+    from autograder.protocol import wire
     student, runner, _ = counted
     copied = []
     real = wire._tensor_bytes

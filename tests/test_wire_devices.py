@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder import wire
+from autograder.protocol import wire
 
 
 def test_a_cpu_tensor_crosses_as_before() -> None:
