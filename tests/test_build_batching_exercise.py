@@ -99,6 +99,19 @@ MISTAKES = [
      " cache)[0, -1]",
      "still counts the"),
     ("test_decode_slots", SLOT.format(position="cache.lengths[s] + 1"), "decode position off by one"),
+    # Named causes at Validate (issue 38, finding 22): a length counted twice, positions that
+    # never advance, a mask off by one.
+    ("test_decode_slots", SLOT.format(position="cache.lengths[s]").replace(
+        "    return forward_slots(ids, positions, list(slots), weights, cfg, cache)[:, 0]",
+        "    out = forward_slots(ids, positions, list(slots), weights, cfg, cache)[:, 0]\n"
+        "    for s in slots:\n        cache.lengths[s] += 1\n    return out"), "went up by 2"),
+    ("test_decode_slots", "_first = {}\n" + SLOT.format(position="_first.setdefault(s, cache.lengths[s])"),
+     "did not advance"),
+    ("test_padded_mask",
+     "def padded_mask(real):\n"
+     "    T = real.shape[1]\n"
+     "    return torch.ones(T, T, dtype=torch.bool, device=real.device).tril(-1) & real[:, None, :]",
+     "reads its own key too"),
     ("test_decode_slots", SLOT.format(position="max(cache.lengths)"), "every row decoded at the same position"),
     ("test_serve",  # EOS ignored: Validate now sees it (issue 40)
      "_solution_serve = serve\n"
