@@ -26,10 +26,12 @@ trades accuracy for speed, tested within a stated bound:
   For a one-row input inductor rewrites the matmul as a multiply-and-sum
   (``torch/_inductor/decomposition.py``, ``mm``) and fuses the cast into that reduction:
   the kernel reads int8. With more rows it calls cuBLAS on a cast copy, as eager does;
-- ``auto`` (default): ``scale_after`` on a CPU (the course's numbers), and on CUDA a path
-  that reads int8 in the matmul: ``int8pack`` where this torch build has a CUDA kernel for
-  it (probed once per device and dtype with a tiny tensor), else ``compiled``, else a clear
-  error naming the options;
+- ``auto`` (default): ``scale_after`` on a CPU (the course's numbers), and on CUDA the
+  fastest of ``int8pack`` (where this torch build has a CUDA kernel for it: probed once per
+  device and dtype with a tiny tensor), ``compiled`` (where Triton is installed) and the
+  eager ``scale_after`` (cuBLAS's bf16 matmul on a cast copy), timed once per device, dtype
+  and shape class (:func:`auto_kernel`) and recorded (:func:`auto_choices`). Timed, because
+  upstream's CUDA int8pack kernel is a plain loop on CUDA cores that can lose to cuBLAS;
 - ``fbgemm`` (CPU only): the fast one. **Not weight-only**: W8A8 dynamic. It is what
   ``torch.ao.nn.quantized.dynamic.Linear`` runs (``quantized::linear_dynamic`` over FBGEMM):
   each call also quantizes the *activations* to 8-bit integers, with one affine scale and zero
@@ -64,8 +66,10 @@ are written and hands attention the dequantized cache, so the model code is unch
 """
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -86,8 +90,8 @@ KERNEL_NOTES = {
               "per call to 7 bits, int8 x int8 -> int32; fast, not weight-only",
     "compiled": "scale_after through torch.compile: one-row steps read int8 in a fused "
                 "reduction (inductor); more rows use cuBLAS on a cast copy",
-    "auto": "scale_after on the CPU; on CUDA int8pack if this build has a CUDA kernel for it, "
-            "else compiled (chosen once per device and dtype)",
+    "auto": "scale_after on the CPU; on CUDA the fastest of int8pack, compiled and scale_after "
+            "(timed once per device, dtype and shape class; see auto_choices())",
 }
 # The message PyTorch attaches to its (deprecated) quantized-tensor constructors; building the
 # per-channel qint8 weight that quantized::linear_prepack takes is the only way into the
@@ -210,6 +214,110 @@ def cuda_kernel(device: torch.device | str, dtype: torch.dtype) -> str:
     return _CUDA_CHOICE[key]
 
 
+# The candidates ``auto`` times on CUDA, in the order a tie is broken: the two that read int8
+# inside the matmul first (fewer bytes, and no float copy in memory), then cuBLAS's matmul
+# on a cast copy (bf16 for a bf16 model: the "plain bf16" baseline, keeping int8 storage).
+AUTO_CANDIDATES = ("int8pack", "compiled", "scale_after")
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``auto`` chose on CUDA for one (device, dtype, shape class), and why: the
+    seconds per call each candidate took."""
+
+    device: str
+    dtype: torch.dtype
+    rows: str                 # the shape class's rows: "1", "2-16" or ">16"
+    in_features: int
+    out_features: int
+    kernel: str
+    seconds: dict[str, float]
+
+    def __str__(self) -> str:
+        times = ", ".join(f"{k} {1e6 * t:.1f} us" for k, t in self.seconds.items())
+        return (f"int8 auto on {self.device} ({str(self.dtype).replace('torch.', '')}, "
+                f"{self.rows} rows x {self.in_features} -> {self.out_features}): {times}: "
+                f"{self.kernel}")
+
+
+AUTO_CHOICES: dict[tuple, AutoChoice] = {}   # (device, dtype, shape class) -> the choice
+_INT8PACK_RUNS: dict[tuple[str, torch.dtype], bool] = {}   # int8pack_runs, once per device
+
+
+def shape_class(rows: int, in_features: int, out_features: int) -> tuple[str, int, int]:
+    """The class a matmul's timing stands for: its weight's shape and its rows as one (a
+    batch-1 decode step: a matrix-vector product, which the compiled path turns into a
+    reduction that reads int8), 2-16 (decode batches) or more (prefill)."""
+    label = "1" if rows == 1 else "2-16" if rows <= 16 else ">16"
+    return label, in_features, out_features
+
+
+def time_kernel(kernel: str, x: Tensor, qweight: Tensor, scale: Tensor) -> float:
+    """Seconds per call of ``kernel`` on these operands (CUDA): two calls first (the
+    compiled one compiles), then the fastest of 3 runs of 10 calls between CUDA events."""
+    def call() -> Tensor:
+        if kernel == "int8pack":
+            return torch.ops.aten._weight_int8pack_mm(x, qweight, scale.to(x.dtype))
+        if kernel == "compiled":
+            return compiled_scale_after(x, qweight, scale)
+        return scale_after(x, qweight, scale)
+    with torch.no_grad():
+        for _ in range(2):
+            call()
+        best = float("inf")
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                call()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3 / 10)   # ms -> s, per call
+    return best
+
+
+def auto_kernel(x: Tensor, qweight: Tensor, scale: Tensor) -> str:
+    """``auto``'s kernel on CUDA for ``x`` (..., in) times ``qweight`` (out, in): the
+    fastest of :data:`AUTO_CANDIDATES` that run here, timed on these operands the first time
+    this (device, dtype, shape class) is met, then remembered (and printed once). Timing
+    reads the clock back, so it must not happen inside CUDA-graph capture: the graph
+    decoders' warm-up steps run every shape they capture first."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows == 0:
+        return "scale_after"                          # nothing to multiply, nothing to time
+    key = (str(x.device), x.dtype, shape_class(rows, *reversed(qweight.shape)))
+    if key not in AUTO_CHOICES:
+        if x.device.type == "cuda" and torch.cuda.is_available() \
+                and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the int8 kernel is chosen on the first step of a shape; run "
+                               "one step eagerly before capturing a CUDA graph")
+        flat = x.reshape(rows, x.shape[-1])
+        probe = (str(x.device), x.dtype)
+        if probe not in _INT8PACK_RUNS:
+            _INT8PACK_RUNS[probe] = int8pack_runs(x.device, x.dtype)
+        runs = {"int8pack": _INT8PACK_RUNS[probe],
+                "compiled": compiler_available(x.device), "scale_after": True}
+        seconds = {k: time_kernel(k, flat, qweight, scale) for k in AUTO_CANDIDATES if runs[k]}
+        fastest = min(seconds, key=lambda k: seconds[k])   # the first of equals: candidate order
+        label, in_f, out_f = key[2]
+        AUTO_CHOICES[key] = choice = AutoChoice(str(x.device), x.dtype, label, in_f, out_f,
+                                                fastest, seconds)
+        print(choice, flush=True)
+    return AUTO_CHOICES[key].kernel
+
+
+def auto_choices(device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> list[AutoChoice]:
+    """Every choice ``auto`` made on CUDA so far (on ``device``, for ``dtype``), in order.
+    A device without an index ("cuda") stands for all of its type's."""
+    def on(c: AutoChoice) -> bool:
+        if device is None:
+            return True
+        d = torch.device(device)
+        return c.device == str(d) or (d.index is None and c.device.split(":")[0] == d.type)
+    return [c for c in AUTO_CHOICES.values() if on(c) and (dtype is None or c.dtype == dtype)]
+
+
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """int8 values (shape of ``x``) and fp32 scales (``x.shape[:-1]``): one scale per row
     along the last dimension. ``|x - dequantize_rows(q, s)| <= s / 2`` element-wise."""
@@ -273,13 +381,13 @@ class Int8Linear(nn.Module):
 
     def kernel_for(self, x: Tensor) -> str:
         """The kernel that multiplies ``x``: ``auto`` is ``scale_after`` off CUDA and
-        :func:`cuda_kernel`'s choice on CUDA (where a model being compiled gets the plain
-        ``scale_after`` expression, which the compiler fuses)."""
+        :func:`auto_kernel`'s timed choice on CUDA (where a model being compiled gets the
+        plain ``scale_after`` expression, which the compiler fuses)."""
         if self.kernel != "auto":
             return self.kernel
         if x.device.type != "cuda" or torch.compiler.is_compiling():
             return "scale_after"
-        return cuda_kernel(x.device, x.dtype)
+        return auto_kernel(x, self.qweight, self.scale)
 
     def forward(self, x: Tensor) -> Tensor:
         kernel = self.kernel_for(x)
@@ -349,9 +457,9 @@ def quantize_model(model: TinyLlama, *, kernel: str = "auto",
 
     ``kernel`` picks how every int8 linear layer, the tied LM head included, multiplies (see
     ``KERNEL_NOTES``): ``quantize_model(model, kernel="fbgemm")`` is the fast CPU path (W8A8
-    dynamic); ``auto`` (the default) is ``scale_after`` on a CPU and, on CUDA, a kernel that
-    reads int8 in the matmul (``int8pack`` where the build has one, else ``compiled``),
-    chosen at the first step on each device.
+    dynamic); ``auto`` (the default) is ``scale_after`` on a CPU and, on CUDA, the fastest
+    of ``int8pack`` (where the build has one), ``compiled`` and ``scale_after``, timed at
+    the first step of each shape class on each device (:func:`auto_choices` lists them).
 
     Norm gains stay in float (a few hundred numbers). The tied embedding / LM head is
     quantized once, per token row, and shared (see the module docstring); with
