@@ -190,6 +190,21 @@ BATCH_HOSTILE = {
 BATCH_HOSTILE_POINTS = dict(BATCH_POINTS, test_pad_left=0, test_generate_static=0, test_decode_slots=0)
 
 
+# build_speculative. Finding 1: the loop as plain greedy on a private target built with the
+# grader's _model_from_spec (12/12 before), or on the read-only cell's TARGET_MODEL: neither is
+# in the kernel; the lent target is the only model reachable.
+SPEC_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greedy": 4, "test_accept_sampled": 4}
+SPEC_HOSTILE = {
+    "speculative": "def speculative_greedy(prompt_ids, max_new_tokens, k, target, draft_model):\n"
+                   "    model = globals().get('_model_from_spec', lambda *a: TARGET_MODEL)(('target',), DEVICE)\n"
+                   "    ids = list(prompt_ids)\n"
+                   "    for _ in range(max_new_tokens):\n"
+                   "        ids.append(int(model(torch.tensor([ids], device=DEVICE))[0, -1].argmax()))\n"
+                   "    return ids[len(prompt_ids):]",
+}
+SPEC_HOSTILE_POINTS = dict(SPEC_POINTS, test_speculative_greedy=0)
+
+
 def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[str, int]:
     import nbformat
     source_dir, path, _ = exercise_paths(name)
@@ -204,9 +219,12 @@ def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[
     (NAME, CONTAINER, CONTAINER_POINTS),
     ("build_kv_cache", KV_HOSTILE, KV_HOSTILE_POINTS),
     ("build_batching", BATCH_HOSTILE, BATCH_HOSTILE_POINTS),
-], ids=["graders_pieces", "source_not_run", "container", "kv_cache_recompute", "batching_uncounted"])
+    ("build_speculative", SPEC_HOSTILE, SPEC_HOSTILE_POINTS),
+], ids=["graders_pieces", "source_not_run", "container", "kv_cache_recompute", "batching_uncounted",
+        "speculative_private_target"])
 def test_hostile_submissions_earn_only_what_they_wrote(name, answers, points):
-    full = {NAME: POINTS, "build_kv_cache": KV_POINTS, "build_batching": BATCH_POINTS}[name]
+    full = {NAME: POINTS, "build_kv_cache": KV_POINTS, "build_batching": BATCH_POINTS,
+            "build_speculative": SPEC_POINTS}[name]
     assert _graded(name, answers, dict(full)) == points
 
 

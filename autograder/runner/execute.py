@@ -258,7 +258,7 @@ class _Run:
         if result.status == "error" and result.ename != "AssertionError":
             result.student = True   # raised in the kernel: the student's code, or reached by it
         if result.status == "timeout":
-            if not _probe(client, "pass", timeout=self.interrupt_grace):
+            if not self._regained(client):
                 self.stop_reason = (f"{label} ran longer than {client.timeout} s and ignored "
                                     "the interrupt; the kernel was stopped")
                 self.report.events.append(self.stop_reason)
@@ -268,6 +268,14 @@ class _Run:
                 self.report.events.append(f"{label} ran longer than {client.timeout} s and "
                                           "was interrupted")
         return result
+
+    def _regained(self, client) -> bool:
+        """Whether the kernel answers again after a cell's timeout interrupt. A probe that
+        times out interrupts once more (nbclient's interrupt_on_timeout): an exception whose
+        message never ends is formatted twice after it is raised (the traceback, then the
+        execute reply), and each needs an interrupt of its own. Three tries, then the kernel
+        is taken for lost."""
+        return any(_probe(client, "pass", timeout=self.interrupt_grace) for _ in range(3))
 
     def _exchange(self, request: str | None, timeout: float) -> str | None:
         """The trusted runner's channel: one request to the kernel's serving loop, and its
