@@ -12,7 +12,7 @@ that what the budget cuts is the tail, never a check:
    graphs and without must be equal), with the capture time (``python -m bench.gpu_check --graph-tokens``);
 4. every chapter notebook, side by side, as a learner with a GPU runs it (default device);
 5. the timed figures, one step at a time with nothing beside them: eager vs CUDA-graph
-   decode (``python -m tinyserve.cuda_graph``: the shipped model and the GPU preset, with
+   decode (``python -m tinyserve.graph_check``: the shipped model and the GPU preset, with
    MBU), ``bench scale`` at the GPU preset, the compiled decode path, the full bench suites;
 6. with what time is left, a quick version of every bench suite (does it run here?). Quick
    suites run a random 2-layer model of hidden size 32: their figures mean nothing, so the
@@ -143,7 +143,7 @@ def plan(device: str, tmp: Path, budget_s: float) -> list[Step]:
                                                   str(nb), "--cell-timeout", "120"], 180))
     # The timed figures. Eager vs CUDA-graph decode for the shipped model and the GPU
     # preset, with MBU.
-    steps.append(Step("graph-decode", [py, "-m", "tinyserve.cuda_graph", "--json",
+    steps.append(Step("graph-decode", [py, "-m", "tinyserve.graph_check", "--json",
                                        str(tmp / "graph.json")], 120,
                       json_out=tmp / "graph.json", alone=True, timed=True))
     # The memory wall at the GPU preset (~1.4B parameters, bf16): MBU, rows, verify, spec

@@ -213,16 +213,16 @@ def test_on_cuda_buckets_share_one_pool_and_each_keeps_its_logits(gpu_model) -> 
 
 
 def test_the_comparison_reports_both_steps_and_runs_as_a_command(model, tmp_path) -> None:
-    """``python -m tinyserve.cuda_graph`` (gpu-check's graph-decode step): on a CPU the graph
+    """``python -m tinyserve.graph_check`` (gpu-check's graph-decode step): on a CPU the graph
     side is the same step run eagerly (no capture), so only the report's shape is checked."""
     import json
-    from tinyserve import cuda_graph
-    row = cuda_graph.compare(model, batch=2, prompt=12, n=4, repeats=1, bandwidth=1e9)
+    from tinyserve import graph_check
+    row = graph_check.compare(model, batch=2, prompt=12, n=4, repeats=1, bandwidth=1e9)
     assert row["eager_step_s"] > 0 and row["graph_step_s"] > 0 and row["captured"] == 0.0
     assert row["graph_vs_eager"] == row["eager_step_s"] / row["graph_step_s"]
     assert row["eager_mbu"] > 0 and row["graph_mbu"] > 0
     out = tmp_path / "graph.json"
-    assert cuda_graph.main(["--models", "draft", "--prompt", "8", "--steps", "2",
+    assert graph_check.main(["--models", "draft", "--prompt", "8", "--steps", "2",
                             "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert set(report["ratios"]) == {"graph_vs_eager_draft"}

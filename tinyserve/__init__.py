@@ -17,9 +17,11 @@ The model (chapters 0-1)
 One request (chapters 0-2)
     sampling        greedy, temperature, top-k, top-p, seeded
     generate        the recompute loop and the cached loop with a clock (prefill, decode)
+    prompts         the check every loop makes of a prompt first, and its PromptError
     kv_cache        the contiguous KV cache
     compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
     cuda_graph      the decode step captured once per batch bucket and replayed (CUDA's default)
+    graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)
     decoder_cache   the bounded (least recently used first out) cache of static decoders
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles

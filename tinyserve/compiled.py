@@ -229,7 +229,7 @@ def generate_compiled(model: TinyLlama, prompts: Sequence[list[int]], max_tokens
     """Static batching with the compiled decode step: the same rules and the same tokens as
     :func:`~tinyserve.generate.generate_batch` (right-padded prompts, stopped rows computed
     but dropped), with the batch padded up to its bucket by dummy rows."""
-    from .generate import PromptError, check_prompt
+    from .prompts import PromptError, check_prompt
     if not prompts:
         raise PromptError("no prompts given")
     window = model.config.max_position_embeddings

@@ -82,3 +82,12 @@ PRESETS: dict[str, ModelConfig] = {
     "draft": ModelConfig(hidden_size=96, intermediate_size=256, num_hidden_layers=2,
                          num_attention_heads=3, num_key_value_heads=1),
 }
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Weights of a Llama-shaped model from its config alone (no tensors allocated): how the
+    course sizes a model it does not have, such as an 8B one."""
+    h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size + 2 * h  # + 2 norms
+    embeddings = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    return cfg.num_hidden_layers * per_layer + embeddings + h                   # + final norm

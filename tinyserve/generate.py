@@ -26,25 +26,11 @@ from .kv_cache import KVCache
 from .metrics import RequestTrace
 from .model import TinyLlama
 from .device import upload
+from .prompts import PromptError, check_prompt  # noqa: F401 - the loops' callers import them here
 from .sampling import SamplingParams, sample, sample_rows, sample_with
 
 __all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
            "extend", "decode_step", "generate_stream", "generate", "generate_batch", "clock"]
-
-
-class PromptError(ValueError):
-    """A prompt the model cannot take; the message says which limit and what to do."""
-
-
-def check_prompt(prompt_ids: list[int], max_tokens: int, context_window: int) -> None:
-    if not prompt_ids:
-        raise PromptError("the prompt is empty; give at least one character of text.")
-    if max_tokens < 1:
-        raise PromptError(f"max_tokens must be at least 1, got {max_tokens}.")
-    if len(prompt_ids) >= context_window:
-        raise PromptError(
-            f"the prompt is {len(prompt_ids)} tokens but the context window is "
-            f"{context_window}; shorten the prompt to at most {context_window - 1} tokens.")
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .config import ModelConfig
+from .config import ModelConfig, parameter_count  # noqa: F401 - the chapters read it here too
 
 
 def _timings(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
@@ -138,14 +138,6 @@ class DecodeCost:
     def bytes(self) -> int:
         return self.weight_bytes + self.kv_bytes
 
-
-def parameter_count(cfg: ModelConfig) -> int:
-    """Weights of a Llama-shaped model from its config alone (no tensors allocated): how the
-    course sizes a model it does not have, such as an 8B one."""
-    h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate_size + 2 * h  # + 2 norms
-    embeddings = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
-    return cfg.num_hidden_layers * per_layer + embeddings + h                   # + final norm
 
 
 def decode_cost_for(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: float,

@@ -99,7 +99,7 @@ def _parse_size(text: str) -> int:
 
 def weight_bytes_of(cfg: ModelConfig, element_bytes: int = 4) -> int:
     """Bytes of a config's weights (norm gains included, the tied embedding once)."""
-    from .roofline import parameter_count
+    from .config import parameter_count
     return parameter_count(cfg) * element_bytes
 
 
