@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from wheels import build_wheel
+
 ROOT = Path(__file__).resolve().parents[1]
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "tinyserve", "autograder", "bench")
 #: The service's own packages: a Jupyter server and widgets of other versions than this
 #: venv's (the Lab extra's), and jsonschema above the grading extra's cap.
 HOSTED = ("jupyter-server==2.14.2", "ipywidgets==8.1.5", "jsonschema==4.25.1")
@@ -66,17 +66,7 @@ def chapter_0_first_cells(n: int = 5) -> str:
 
 def test_the_plain_package_keeps_the_hosts_torch_and_jupyter_and_runs_chapter_0(
         tmp_path: Path) -> None:
-    src = tmp_path / "src"   # a copy: building leaves no build/ or egg-info in the checkout
-    src.mkdir()
-    for name in WHEEL_SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy(ROOT / name, src / name)
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-          "--no-index", "-w", str(tmp_path / "dist"), str(src)], tmp_path)
-    [wheel] = (tmp_path / "dist").glob("tinyserve-*.whl")
+    wheel = build_wheel(tmp_path)
 
     # The service's image: a fresh venv, its torch, then its Jupyter server and widgets.
     venv = tmp_path / "hosted"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from wheels import build_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,8 +85,6 @@ def test_ci_entry_calls_the_readme_test_command() -> None:
     assert readme.index("make lab") < 1500, "the README should open with the two commands"
 
 
-#: What a wheel is built from: the project file and the packages it lists (no tests, no course).
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "tinyserve", "autograder", "bench")
 
 
 @pytest.mark.slow
@@ -94,24 +93,13 @@ def test_the_wheel_installs_outside_the_checkout_and_runs(tmp_path: Path) -> Non
     finds its weights, tokenizer and Harbor tickets (package data) and its CLI runs. Offline:
     no build isolation, no index; the dependencies come from this venv's site-packages, added
     after the new venv's own (so the installed copy, not the checkout, is what gets imported)."""
-    src = tmp_path / "src"   # a copy, so building leaves no build/ or egg-info in the checkout
-    src.mkdir()
-    for name in WHEEL_SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy(ROOT / name, src / name)
+    wheel = build_wheel(tmp_path)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    _run([*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w",
-          str(tmp_path / "dist"), str(src)], tmp_path)
-    wheels = list((tmp_path / "dist").glob("tinyserve-*.whl"))
-    assert len(wheels) == 1, f"expected one wheel, built {wheels}"
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
-    _run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheels[0])],
+    _run([*pip, "--python", str(python), "install", "--no-deps", "--no-index", str(wheel)],
          tmp_path)
     site = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                 tmp_path).strip()
