@@ -252,6 +252,9 @@ def changed_inputs(fn: object, *args) -> list[int]:
                      and torch.equal(b.to(a.device), a))]
 
 
+_REPORTED: list = []   # tensors whose address storage() reported, kept alive
+
+
 def storage(obj: object, names: tuple[str, ...] = ("k", "v")) -> list:
     """[dtype name, data pointer] of each tensor attribute of the learner's object (None where
     it is not a tensor): a cache written in place keeps its pointers from one write to the
@@ -259,6 +262,10 @@ def storage(obj: object, names: tuple[str, ...] = ("k", "v")) -> list:
     runner = _trusted_runner()
     if runner is None or not getattr(type(obj), "_autograder_remote", False):
         tensors = [getattr(obj, n, None) for n in names]
+        # Held, as the kernel's agent holds them: a tensor freed after its address was taken
+        # lets the allocator hand that address to a copy, and a cache copied at every write
+        # would then look written in place.
+        _REPORTED.extend(t for t in tensors if isinstance(t, torch.Tensor))
         return [[str(t.dtype), int(t.data_ptr())] if isinstance(t, torch.Tensor) else None
                 for t in tensors]
     got = runner.channel.request("storage", ref=object.__getattribute__(obj, "_ref"),

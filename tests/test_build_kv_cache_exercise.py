@@ -249,3 +249,23 @@ def test_one_slip_costs_one_piece(source, mode):
 @needs_sandbox
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
     check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)
+
+
+def test_a_cache_copied_at_every_write_never_keeps_its_address():
+    """storage() holds what it reported (CI, issue 40): with the first tensors freed, the
+    allocator handed their address to the second copy, and a cache cloned at every write (an
+    even number of writes) looked filled in place to Validate."""
+    import torch
+
+    from autograder import build_checks
+
+    class Cache:
+        pass
+
+    for _ in range(20):
+        cache = Cache()
+        cache.k, cache.v = torch.zeros(2, 3, 16, 4), torch.zeros(2, 3, 16, 4)
+        before = build_checks.storage(cache)
+        for _write in range(2):
+            cache.k, cache.v = cache.k.clone(), cache.v.clone()
+        assert build_checks.storage(cache) != before
