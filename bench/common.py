@@ -1,12 +1,11 @@
 """What every suite shares: timers that are honest on CUDA (one function's median, several
-functions taken in turns), the machine and commit stamp, the JSON report (the plain-text
-table is ``tinyserve.tables.table``)."""
+functions taken in turns; both over :mod:`tinyserve.device`'s one timing loop and clock), the
+machine and commit stamp, the JSON report (the plain-text table is ``tinyserve.tables.table``)."""
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 
 from tinyserve.config import ModelConfig
+from tinyserve.device import clock, sync, timings  # noqa: F401 - sync: the suites import it here
 from tinyserve.model import TinyLlama
 from tinyserve.provenance import git_commit, machine_info
 from tinyserve.tables import table  # noqa: F401  (the suites print with it; it lives in tinyserve)
@@ -40,29 +40,12 @@ def load_bench_model(quick: bool, device: torch.device | str = "cpu",
     return load_model("target", device=device, dtype=torch.float32).eval(), "target"
 
 
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 5,
                    warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones.
-
-    The median, not the mean: one run disturbed by another process should not move the
-    figure. The device is synchronised before and after, so queued CUDA work is counted.
-    """
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones
+    (:func:`tinyserve.device.timings`). The median, not the mean: one run disturbed by another
+    process should not move the figure."""
+    return statistics.median(timings(fn, device, repeats, warmup=warmup))
 
 
 def in_turns(fns: dict[str, Callable[[], Any]], rounds: int,
@@ -93,11 +76,9 @@ def interleaved_seconds(fns: dict[str, Callable[[], Any]], device: torch.device,
     :func:`median_ratio` of two names' rounds is the ratio to quote."""
     def timed(fn: Callable[[], Any]) -> Callable[[], float]:
         def run() -> float:
-            sync(device)
-            start = time.perf_counter()
+            start = clock(device)
             fn()
-            sync(device)
-            return time.perf_counter() - start
+            return clock(device) - start
         return run
     return in_turns({name: timed(fn) for name, fn in fns.items()}, rounds, warmup)
 

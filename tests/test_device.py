@@ -30,3 +30,20 @@ def test_asking_for_missing_cuda_names_the_variable(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(ENV_VAR, "cuda")
     with pytest.raises(RuntimeError, match=ENV_VAR):
         default_device()
+
+
+def test_timings_warm_up_then_time_each_call_with_its_setup_outside_the_clock() -> None:
+    from tinyserve.device import timings
+    calls: list[str] = []
+    times = timings(lambda: calls.append("fn"), "cpu", 3, warmup=2,
+                    setup=lambda: calls.append("setup"))
+    assert calls == ["setup", "fn"] * 5 and len(times) == 3 and min(times) >= 0
+    assert len(timings(lambda: None, torch.device("cpu"), 4, warmup=0)) == 4
+
+
+def test_one_clock_and_one_timing_loop_for_the_course_and_the_bench() -> None:
+    # issue 39: the loops' clock, bench's sync and the sweeps' timings are device.py's
+    from bench import common
+    from tinyserve import device, generate
+    assert generate.clock is device.clock and common.sync is device.sync
+    assert common.median_seconds(lambda: None, torch.device("cpu"), repeats=3) >= 0

@@ -49,6 +49,25 @@ def test_every_declared_suite_has_sources_that_exist() -> None:
     assert not missing, f"declared source paths that do not exist: {missing}"
 
 
+#: What a suite's own module may import that times its figures, and the source paths a
+#: change to it must make stale (issue 39: the timing loop moved into tinyserve/device.py).
+_TIMED_THROUGH = {"tinyserve.roofline": ("tinyserve/roofline.py", "tinyserve/device.py"),
+                  "tinyserve.device": ("tinyserve/device.py",),
+                  "median_seconds": ("bench/common.py", "tinyserve/device.py"),
+                  "interleaved_seconds": ("bench/common.py", "tinyserve/device.py"),
+                  "in_turns": ("bench/common.py",)}
+
+
+@pytest.mark.parametrize("suite", [s for s in SUITES if (ROOT / "bench" / f"{s.suite}.py").exists()],
+                         ids=lambda s: s.suite)
+def test_a_suite_goes_stale_when_the_code_that_times_it_changes(suite) -> None:
+    text = (ROOT / "bench" / f"{suite.suite}.py").read_text()
+    needed = {p for name, paths in _TIMED_THROUGH.items() if re.search(rf"\b{re.escape(name)}\b", text)
+              for p in paths}
+    missing = sorted(needed - set(suite.sources))
+    assert not missing, f"bench {suite.suite} times through {missing}, not among its sources"
+
+
 # ---- the rendering, on fixture reports in a throwaway repository -----------------------
 
 def _git(repo: Path, *args: str) -> str:

@@ -1,7 +1,12 @@
-"""Where tensors live: CPU by default, CUDA when present, ``TINYSERVE_DEVICE`` to override."""
+"""Where tensors live: CPU by default, CUDA when present, ``TINYSERVE_DEVICE`` to override;
+and how to time work on a device (:func:`sync`, :func:`clock`, :func:`timings`): the one
+timing loop the chapters, :mod:`tinyserve.roofline` and the bench suites share."""
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,3 +59,44 @@ def upload(values: list[int] | list[float], device: torch.device | str,
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
+# --- timing on a device ---------------------------------------------------------------------
+
+def sync(device: torch.device | str) -> None:
+    """Wait until ``device`` has finished the work queued on it (nothing to wait for on a
+    CPU, where every call returns when its work is done)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def clock(device: torch.device | str) -> float:
+    """``time.perf_counter()`` after the device has finished its queued work.
+
+    CUDA kernels run asynchronously: without the synchronise, a timestamp would record when
+    work was *launched*, not when it was done, and prefill would look free.
+    """
+    sync(device)
+    return time.perf_counter()
+
+
+def timings(fn: Callable[[], Any], device: torch.device | str, repeats: int, *,
+            warmup: int = 1, setup: Callable[[], Any] | None = None) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn``, after ``warmup`` untimed calls
+    (first-touch page faults, lazy kernel loading, a first compile), each between two
+    :func:`clock` readings, so queued GPU work is counted. ``setup`` runs before every call,
+    the warm-up ones too, outside the clock.
+
+    The caller takes what it quotes: the fastest (a machine's ceiling, a step against it:
+    other programs only ever slow a run down) or the median (a figure one disturbed run
+    should not move)."""
+    times = []
+    for r in range(warmup + repeats):
+        if setup is not None:
+            setup()
+        start = clock(device)
+        fn()
+        if r >= warmup:
+            times.append(clock(device) - start)
+    return times

@@ -25,7 +25,7 @@ from torch import Tensor
 from .kv_cache import KVCache
 from .metrics import RequestTrace
 from .model import TinyLlama
-from .device import upload
+from .device import clock, upload  # noqa: F401 - clock: notebooks import it from here
 from .prompts import PromptError, check_prompt  # noqa: F401 - the loops' callers import them here
 from .sampling import SamplingParams, sample, sample_rows, sample_with
 
@@ -50,17 +50,6 @@ def generate_ids(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
         if int(token) in stop_ids:
             return
         ids = torch.cat([ids, token[:, None]], dim=1)
-
-
-def clock(device: torch.device) -> float:
-    """``time.perf_counter()`` after the device has finished its queued work.
-
-    CUDA kernels run asynchronously: without the synchronise, a timestamp would record when
-    work was *launched*, not when it was done, and prefill would look free.
-    """
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 # Inference mode, not just no_grad: tensors made inside skip autograd's version counters
