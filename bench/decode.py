@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from tinyserve.compiled import compiled_decoder, generate_compiled
+from tinyserve.backends.compiled import compiled_decoder
+from tinyserve.generate import generate_compiled
 from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device, default_dtype
 from tinyserve.generate import generate_batch

@@ -184,7 +184,7 @@ def graph_tokens(out: Path | None = None, tokens: int = GRAPH_TOKENS) -> int:
     import torch
     from tinyserve import load_model, load_tokenizer
     from tinyserve.corpus import example_prompts
-    from tinyserve.cuda_graph import graph_decoder
+    from tinyserve.backends.cuda_graph import graph_decoder
     from tinyserve.engine import EngineConfig, generate_many
     from tinyserve.generate import generate, generate_batch
     from tinyserve.speculative import ModelDrafter, speculative_generate

@@ -116,7 +116,7 @@ def _spec_measured_vs_predicted(report: dict[str, Any]) -> float | None:
 
 _ENGINE = ("tinyserve/engine.py", "tinyserve/scheduler.py", "tinyserve/block_manager.py",
            "tinyserve/paged.py", "tinyserve/sequence.py", "tinyserve/model.py",
-           "tinyserve/cuda_graph.py")
+           "tinyserve/backends/cuda_graph.py", "tinyserve/backends/static.py")
 #: The one timing loop and clock the step suites measure with (tinyserve.device's timings,
 #: clock, sync; bench.common's median and in-turns timers over them; issue 39).
 _TIMERS = ("tinyserve/device.py", "bench/common.py")
@@ -124,7 +124,8 @@ _STEP = ("tinyserve/generate.py", "tinyserve/kv_cache.py", "tinyserve/model.py",
 _COST_MODEL = ("tinyserve/simulator.py", "tinyserve/assets/cost_model.json")
 #: What bench scale times: the suite, the scale model and the code each of its figures runs.
 _SCALE_SOURCES = ("bench/scale.py", "tinyserve/scale.py", "tinyserve/roofline.py",
-                  "tinyserve/compiled.py", "tinyserve/quant.py", "tinyserve/speculative.py",
+                  "tinyserve/backends/compiled.py", "tinyserve/backends/static.py",
+                  "tinyserve/quant.py", "tinyserve/speculative.py",
                   "tinyserve/draft_replay.py", "tinyserve/parallel", *_STEP)
 _WITHIN_20 = Goal("within", 0.20)   # issue 16: the engine's step within 20% of the cost model
 _PCT = "{:.1%}"
@@ -141,7 +142,8 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("vs_hf_generate_b8", goal=Goal("at_least", 1.5), band=0.08),   # issue 16
         Headline("plain_loop_vs_ours_b1", better="lower", band=0.15),
         Headline("decode_roofline_fraction", fmt="{:.2f}", band=0.37))),        # two hosts
-    SuiteHeadlines("decode", ("bench/decode.py", "tinyserve/compiled.py", "tinyserve/roofline.py",
+    SuiteHeadlines("decode", ("bench/decode.py", "tinyserve/backends/compiled.py",
+                              "tinyserve/backends/static.py", "tinyserve/roofline.py",
                               *_STEP, *_ENGINE, *_COST_MODEL), (
         Headline("decode_mbu_b1_eager", fmt="{:.2f}", band=0.05),
         Headline("decode_mbu_b1_compiled", fmt="{:.2f}", goal=Goal("at_least", 0.5), band=0.15),
@@ -173,7 +175,8 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("tp2_speedup_prefill"),
         Headline("pp_bubble_measured", fmt="{:.2f}", better="lower"))),
     SuiteHeadlines("spec", ("bench/spec.py", "tinyserve/speculative.py",
-                                "tinyserve/spec_graphs.py", *_STEP), (
+                                "tinyserve/backends/spec_graphs.py", "tinyserve/backends/static.py",
+                                *_STEP), (
         Headline("spec_speedup_k4", goal=Goal("at_least", 1.5)),                 # issue 31
         Headline("spec_measured_vs_predicted_k4", fmt="{:.2f}",                  # issue 31
                  goal=Goal("at_least", 0.85), value=_spec_measured_vs_predicted),

@@ -37,7 +37,7 @@ import torch
 from tinyserve.workbook.capacity import GB, kv_bytes_for_config
 from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device
-from tinyserve.compiled import generate_compiled
+from tinyserve.generate import generate_compiled
 from tinyserve.generate import generate, generate_batch
 from tinyserve.hf_export import write_hf_checkpoint
 from tinyserve.metrics import tpot

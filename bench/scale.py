@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from tinyserve.compiled import CompiledDecoder, _DECODERS, compiled_decoder
+from tinyserve.backends.compiled import CompiledDecoder, DECODERS as _DECODERS, compiled_decoder
 from tinyserve.config import ModelConfig
 from tinyserve.device import default_device, default_dtype
 from tinyserve.generate import extend, generate, prefill

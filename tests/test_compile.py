@@ -1,16 +1,17 @@
-"""The compiled decode path (tinyserve/compiled.py) against the eager reference: the static
-cache gives the same logits as the contiguous one, and compiled generation the same greedy
-tokens as :func:`generate_batch`, traced only (seconds) and with real code generation."""
+"""The compiled decode path (tinyserve/backends/compiled.py) against the eager reference: the
+static cache gives the same logits as the contiguous one, and compiled generation the same
+greedy tokens as :func:`generate_batch`, traced only (seconds) and with real code generation."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tinyserve.compiled import (BUCKETS, StaticKVCache, bucket_for, compiled_decoder,
-                                generate_compiled, window_for)
+from tinyserve.backends.compiled import MAX_COMPILED_BATCH, compiled_decoder
+from tinyserve.backends.static import StaticKVCache, bucket_for, window_for
 from tinyserve.config import ModelConfig
 from tinyserve.__main__ import main
-from tinyserve.generate import decode_step, generate_batch, generate_stream, prefill
+from tinyserve.generate import (decode_step, generate_batch, generate_compiled, generate_stream,
+                                prefill)
 from tinyserve.kv_cache import KVCache
 
 from conftest import random_prompt, sharp_model
@@ -81,9 +82,13 @@ def test_compiled_kernels_give_eager_tokens() -> None:
 
 
 def test_buckets_and_the_limit_are_named() -> None:
-    assert [bucket_for(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
-    with pytest.raises(ValueError, match=f"at most {BUCKETS[-1]} rows, got 65"):
-        bucket_for(65)
+    # One bucket_for for every static step: the compiled one stops at MAX_COMPILED_BATCH.
+    limit = MAX_COMPILED_BATCH
+    assert [bucket_for(n, limit) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 48, 64]
+    with pytest.raises(ValueError, match=f"at most {limit} rows, got 65.*without --compile"):
+        bucket_for(65, limit)
+    with pytest.raises(ValueError, match=f"at most {limit} rows, got 65"):
+        compiled_decoder(sharp_model(SMALL, seed=0), 65, backend="eager")
 
 
 def test_windows_are_powers_of_two_up_to_the_context_window() -> None:
@@ -136,7 +141,7 @@ def test_engine_with_compiled_mlps_gives_eager_tokens() -> None:
 def test_compiled_mlps_follow_weights_changed_after_compiling() -> None:
     # A model used eagerly first holds stacked gate/up copies; its compiled MLPs must still
     # read the weights as they are now (traced only: backend="eager", seconds).
-    from tinyserve.compiled import compile_token_layers
+    from tinyserve.backends.compiled import compile_token_layers
     from tinyserve.engine import EngineConfig, generate_many
     prompts = [random_prompt(64, n, seed=n) for n in (3, 9)]
     config = EngineConfig(num_blocks=32, block_size=4, max_num_batched_tokens=8)

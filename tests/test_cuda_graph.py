@@ -1,4 +1,4 @@
-"""CUDA-graph decode (tinyserve/cuda_graph.py): buckets, padding to the bucket, buffers and
+"""CUDA-graph decode (tinyserve/backends/cuda_graph.py): buckets, padding to the bucket, buffers and
 decoders reused, and the same tokens as the plain KV-cache step. On the CPU the decoder runs
 its static-buffer step eagerly (no capture): everything but the capture itself is tested
 here; the capture is tested by the gpu-marked tests (skipped without CUDA)."""
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from tinyserve.config import ModelConfig
-from tinyserve.cuda_graph import (GraphDecoder, bucket_for, buckets, graph_decoder)
+from tinyserve.backends.cuda_graph import GraphDecoder, graph_decoder
+from tinyserve.backends.static import bucket_for, buckets
 from tinyserve.generate import generate, generate_batch, generate_stream
 from tinyserve.kv_cache import CacheFullError
 from tinyserve.model import TinyLlama

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from conftest import random_prompt, sharp_model
 from tinyserve.config import ModelConfig
-from tinyserve.cuda_graph import EngineGraphs
+from tinyserve.backends.cuda_graph import EngineGraphs
 from tinyserve.engine import Engine, EngineConfig, generate_many
 from tinyserve.generate import PromptError, generate, generate_ids
 from tinyserve.paged import DecodeBuffers, DecodeLayout, PagedKVCache, RowSpec
@@ -59,7 +59,7 @@ CONFIGS = {
     # a prompt read one token a step beside a decode: one-token rows that do not sample
     "two tokens a step": EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=2),
 }
-# The plain eager step, and pure-decode steps on static buffers (tinyserve.cuda_graph.
+# The plain eager step, and pure-decode steps on static buffers (tinyserve.backends.cuda_graph.
 # EngineGraphs, run eagerly here: the code a CUDA graph records): the same tokens.
 GRAPH = pytest.mark.parametrize("graph", [False, True], ids=["eager", "static-decode"])
 
@@ -320,7 +320,7 @@ def test_a_row_without_slots_needs_its_block_table(model) -> None:
         cache.prepare([RowSpec([5], None, 1)])
 
 
-# ---- pure-decode steps on static buffers (tinyserve.cuda_graph.EngineGraphs) -------------
+# ---- pure-decode steps on static buffers (backends.cuda_graph.EngineGraphs) --------------
 
 def _decode_args(bm, prompts):
     """Each prompt's last token at its position, and its block table."""

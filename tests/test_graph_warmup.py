@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from conftest import random_prompt, sharp_model
-from tinyserve import cuda_graph
+from tinyserve.backends import cuda_graph
 from tinyserve.config import ModelConfig
-from tinyserve.cuda_graph import EagerReplay, EngineGraphs, graph_decoder
-from tinyserve.decoder_cache import DecoderCache
+from tinyserve.backends.cuda_graph import EagerReplay, EngineGraphs, graph_decoder
+from tinyserve.backends.decoder_cache import DecoderCache
 from tinyserve.engine import Engine, EngineConfig
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -197,6 +197,82 @@ def test_the_names_the_kernel_is_started_by_exist() -> None:
             for f in KERNEL_FILES} == set(KERNEL_MODULES)
 
 
+# ------------------------------------------------------------------ tinyserve's backends
+
+#: The loops: they run the steps, and each chooses eager or a backend for its step.
+LOOPS = {"generate", "engine", "speculative", "draft_replay", "batching"}
+#: What a backend may import from tinyserve, besides the other backends.
+BACKEND_MAY_IMPORT = {"config", "device", "model", "kv_cache", "paged", "sampling"}
+#: The model and its storage, below every loop and backend.
+MODEL_AND_STORAGE = {"model", "kv_cache", "paged", "block_manager", "config", "quant"}
+#: Measurement above the loops, which times a backend's step directly.
+MEASURING = {"roofline", "graph_check"}
+#: Paths a notebook names, kept as a re-export of a backend (chapter 8: tinyserve.spec_graphs).
+KEPT_FOR_NOTEBOOKS = {"spec_graphs"}
+
+
+def tinyserve_imports(path: Path, package: Path = PACKAGE) -> set[str]:
+    """Every module of ``package`` that ``path`` imports, at any depth (lazy imports inside
+    functions included), named from the package down: ``generate``, ``backends.static``."""
+    name = package.name
+    # the package ``from .`` means, for a module and for an __init__.py alike
+    here = [name, *path.relative_to(package).parts[:-1]]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = here[:len(here) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.add(module)
+            # ``from . import cuda_graph``: the names may be modules themselves
+            found.update(f"{module}.{a.name}" for a in node.names
+                         if (package.parent / module.replace(".", "/") / f"{a.name}.py").exists())
+    return {m.split(".", 1)[1] if "." in m else "" for m in found
+            if m == name or m.startswith(name + ".")} - {""}
+
+
+def package_modules(package: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package by its name from the package down (``backends.static``)."""
+    return {".".join(p.relative_to(package).with_suffix("").parts).removesuffix(".__init__")
+            .removesuffix("__init__"): p for p in sorted(package.rglob("*.py"))}
+
+
+def test_imports_are_read_at_every_depth(tmp_path: Path) -> None:
+    pkg = tmp_path / "tinyserve"
+    (pkg / "backends").mkdir(parents=True)
+    for f in ("__init__.py", "generate.py", "backends/__init__.py", "backends/static.py"):
+        (pkg / f).write_text("")
+    (pkg / "backends" / "compiled.py").write_text(
+        "from ..model import M\nfrom .static import S\nfrom . import static\n"
+        "def f():\n    from tinyserve.generate import g\n    import tinyserve.roofline\n")
+    assert tinyserve_imports(pkg / "backends" / "compiled.py", pkg) == \
+        {"model", "backends.static", "backends", "generate", "roofline"}
+
+
+def test_backends_import_only_config_device_model_kv_cache_paged_sampling_and_each_other() -> None:
+    broken = [f"{module} imports {m}" for module, path in package_modules().items()
+              if module.startswith("backends") for m in tinyserve_imports(path)
+              if m.split(".")[0] not in BACKEND_MAY_IMPORT | {"backends"}]
+    assert not broken, (f"{broken}: a backend is a step on fixed buffers under the loops; move "
+                        f"what it needs from a loop or a measuring module down, or the caller up")
+
+
+def test_model_and_storage_never_import_a_loop_a_backend_or_roofline() -> None:
+    broken = [f"{module} imports {m}" for module, path in package_modules().items()
+              if module in MODEL_AND_STORAGE for m in tinyserve_imports(path)
+              if m.split(".")[0] in LOOPS | {"backends", "roofline"}]
+    assert not broken, f"{broken}: the model and its storage sit below the loops that run them"
+
+
+def test_only_the_loops_and_the_measuring_modules_import_a_backend() -> None:
+    allowed = LOOPS | MEASURING | KEPT_FOR_NOTEBOOKS
+    broken = [f"{module} imports {m}" for module, path in package_modules().items()
+              if not module.startswith("backends") and module not in allowed
+              for m in tinyserve_imports(path) if m.split(".")[0] == "backends"]
+    assert not broken, f"{broken}: the loop that runs a step chooses its backend, nothing else does"
+
+
 if __name__ == "__main__":
     import sys
     for folder in sys.argv[1:] or ["tinyserve", "autograder"]:

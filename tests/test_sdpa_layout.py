@@ -117,6 +117,6 @@ def test_int8(model, prompts) -> None:
 def test_compiled_decode(model, prompts) -> None:
     # backend="eager": traced by TorchDynamo (the .view is checked on fake tensors with the
     # traced strides), no code generation, seconds
-    from tinyserve.compiled import generate_compiled
+    from tinyserve.generate import generate_compiled
     same_tokens_under_efficient_layout(
         lambda: generate_compiled(model, prompts, TOKENS, backend="eager"))

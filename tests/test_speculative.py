@@ -402,7 +402,7 @@ def _static_pair(target: TinyLlama) -> tuple[ModelDrafter, ModelDrafter]:
 @pytest.mark.parametrize("k", [1, 4])
 def test_static_buffer_passes_give_the_plain_paths_tokens(target, k) -> None:
     """graph=True on a CPU: the draft steps and the verify pass run eagerly on the static
-    buffers a CUDA graph replays (tinyserve/spec_graphs.py); greedy tokens are the target's
+    buffers a CUDA graph replays (tinyserve/backends/spec_graphs.py); greedy tokens are the target's
     greedy tokens, seeded sampled tokens those of the plain speculative path, stop tokens and
     the window end as on the plain path, for a draft model and an n-gram drafter."""
     plain, static = _static_pair(target)
@@ -431,7 +431,7 @@ def test_static_buffers_are_reused_and_a_rewind_is_the_hosts_count(target) -> No
     """One set of buffers per model and shape, handed back after each request and reused
     (the graphs with them); a rejected draft is dropped by the host's length alone, and
     the next pass overwrites its slot before any query sees it."""
-    from tinyserve.spec_graphs import static_passes
+    from tinyserve.backends.spec_graphs import static_passes
     drafter = ModelDrafter(_noisy_copy(target, 0.03, seed=3), graph=True)  # often wrong
     prompt = _prompt(7, 3)
     dec = SpeculativeDecoder(target, drafter, 4, graph=True)

@@ -1,7 +1,8 @@
 """tinyserve: a tiny Llama and the small serving engine a course builds around it.
 
 Module map. The core is flat: the modules the chapters import, by chapter. The periphery
-(serving, load generation, parallelism, course helpers) lives in subpackages.
+(serving, load generation, parallelism, course helpers) and the decode backends live in
+subpackages; a subpackage's docstring says its rule.
 
 The model (chapters 0-1)
     config          ``ModelConfig`` and the presets, with Hugging Face ``LlamaConfig`` names
@@ -19,10 +20,15 @@ One request (chapters 0-2)
     generate        the recompute loop and the cached loop with a clock (prefill, decode)
     prompts         the check every loop makes of a prompt first, and its PromptError
     kv_cache        the contiguous KV cache
-    compiled        the decode step traced by ``torch.compile`` (opt-in), against the eager one
-    cuda_graph      the decode step captured once per batch bucket and replayed (CUDA's default)
+    backends/       decode steps on fixed buffers, which the loops choose (the model knows
+                    nothing of them); they import only config, device, model, kv_cache,
+                    paged and sampling, never a loop or roofline. ``static`` (StaticKVCache,
+                    window_for, bucket_for), ``compiled`` (the step traced by
+                    ``torch.compile``, opt-in), ``cuda_graph`` (the step captured once per
+                    batch bucket and replayed: CUDA's default; the engine's graphs),
+                    ``spec_graphs`` (speculation's passes), ``decoder_cache`` (the bounded,
+                    least recently used first out cache of built decoders)
     graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)
-    decoder_cache   the bounded (least recently used first out) cache of static decoders
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
 
@@ -43,7 +49,7 @@ Cheaper tokens (chapters 6-8)
                     for the ranks, ``timing`` for the chapter's and ``bench parallel``'s runs
     speculative     draft-model and n-gram speculative decoding, rejection sampling
     draft_replay    a drafter for timing speculation at scale: real draft passes, a set acceptance
-    spec_graphs     speculation's draft and verify passes on static buffers (CUDA graphs on a GPU)
+    spec_graphs     kept for the notebooks: re-exports ``backends.spec_graphs``
 
 Serving (chapter 9)
     serving/        ``server`` (the OpenAI-compatible app), ``async_engine`` (the step loop

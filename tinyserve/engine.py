@@ -16,7 +16,7 @@ the context window) and the blocks it returns. Two executors share this loop:
 :class:`~tinyserve.simulator.SimulatedExecutor` charges a calibrated cost on a virtual
 clock, so scheduling experiments with thousands of requests take seconds. On CUDA the
 model executor replays each pure-decode step (every row one token) as a CUDA graph
-(:class:`~tinyserve.cuda_graph.EngineGraphs`), every (bucket, window) of them captured when
+(:class:`~tinyserve.backends.cuda_graph.EngineGraphs`), every (bucket, window) of them captured when
 the executor is made, before any request; ``EngineConfig(graph=True)`` runs that same
 static-buffer step eagerly on a CPU.
 """
@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 
 from .block_manager import BlockManager
-from .cuda_graph import EngineGraphs
+from .backends.cuda_graph import EngineGraphs
 from .device import upload
 from .generate import PromptError, check_prompt
 from .model import TinyLlama
@@ -52,8 +52,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static: bool = False
     policy: str | Policy = "fcfs"
-    compile: bool = False   # compile the token-wise layers (tinyserve.compiled.compile_token_layers)
-    # Pure-decode steps on static buffers (tinyserve.cuda_graph.EngineGraphs), replayed as
+    compile: bool = False   # compile the token-wise layers (backends.compiled.compile_token_layers)
+    # Pure-decode steps on static buffers (backends.cuda_graph.EngineGraphs), replayed as
     # CUDA graphs on CUDA, run eagerly elsewhere. None: on CUDA (without compile) only.
     graph: bool | None = None
 
@@ -87,7 +87,7 @@ class ModelExecutor:
     """Runs a step on the real model: one forward pass over every scheduled token.
 
     With ``graph``, a step whose every row feeds one token goes through
-    :class:`~tinyserve.cuda_graph.EngineGraphs` instead (up to ``max_num_seqs`` rows): a
+    :class:`~tinyserve.backends.cuda_graph.EngineGraphs` instead (up to ``max_num_seqs`` rows): a
     replayed CUDA graph where ``capture`` (default: on CUDA), the same static-buffer step
     run eagerly otherwise. Prefill and mixed steps always take the eager path. Every graph
     is captured here, at start-up (nano-vllm's way): a capture on the first step of a
@@ -183,7 +183,7 @@ class Engine:
             if model is None:
                 raise ValueError("give a model, or an executor (e.g. a SimulatedExecutor)")
             if config.compile:
-                from .compiled import compile_token_layers
+                from .backends.compiled import compile_token_layers
                 compile_token_layers(model)
             graph = config.graph if config.graph is not None else \
                 model.device.type == "cuda" and not config.compile

@@ -13,6 +13,10 @@ What is new with the cache, in two functions: :func:`prefill` runs the prompt on
 the cache; :func:`decode_step` feeds one token per row at its position and appends its key
 and value. Without the cache, "decode" is the whole sequence again. (:func:`extend`, the
 step for a few tokens per row, is what speculative decoding adds: it runs on the same code.)
+
+The loops choose the decode backend (:mod:`tinyserve.backends`: a step on fixed buffers,
+captured as a CUDA graph or compiled); :func:`generate_compiled` is the static-batch loop
+over the compiled step. A backend never runs a loop.
 """
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ from .prompts import PromptError, check_prompt  # noqa: F401 - the loops' caller
 from .sampling import SamplingParams, sample, sample_rows, sample_with
 
 __all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
-           "extend", "decode_step", "generate_stream", "generate", "generate_batch", "clock"]
+           "extend", "decode_step", "generate_stream", "generate", "generate_batch",
+           "generate_compiled", "clock"]
 
 
 @torch.no_grad()
@@ -120,10 +125,10 @@ def _admit(model: TinyLlama, tokens: int, use_cache: bool, compile: bool, graph:
     path asked for: (compiled decoder, graph decoder, cache), the unused ones None."""
     decoder = graphed = None
     if compile:
-        from .compiled import compiled_decoder
+        from .backends.compiled import compiled_decoder
         decoder = compiled_decoder(model, 1, tokens=tokens)
     elif graph:
-        from .cuda_graph import graph_decoder
+        from .backends.cuda_graph import graph_decoder
         graphed = graph_decoder(model, 1, tokens=tokens)
     cache = (decoder.cache if decoder is not None else None if graphed is not None else
              KVCache.for_model(model, 1, tokens) if use_cache else None)
@@ -140,11 +145,12 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     ``trace`` if given (its ``arrival`` is kept, so a caller can stamp it when the request
     really arrived). Stops after a stop token (yielded) or at the end of the context window.
 
-    Decode steps run, by default, through a CUDA graph on a GPU (:mod:`tinyserve.cuda_graph`:
-    static buffers, the step captured once and replayed) and eagerly on the plain KV cache
-    elsewhere; ``graph=False`` forces the eager step, ``graph=True`` the static-buffer code
-    on any device (on a CPU it runs eagerly: the same code, no capture). ``compile`` runs
-    decode steps through :mod:`tinyserve.compiled` instead (a static cache and a
+    Decode steps run, by default, through a CUDA graph on a GPU
+    (:mod:`tinyserve.backends.cuda_graph`: static buffers, the step captured once and
+    replayed) and eagerly on the plain KV cache elsewhere; ``graph=False`` forces the eager
+    step, ``graph=True`` the static-buffer code on any device (on a CPU it runs eagerly: the
+    same code, no capture). ``compile`` runs decode steps through
+    :mod:`tinyserve.backends.compiled` instead (a static cache and a
     ``torch.compile``-d step; the first request pays the compile time).
 
     A step reads one value back from the device: the sampled token, which the host needs
@@ -257,7 +263,7 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
 
     graphed = None
     if graph:
-        from .cuda_graph import graph_decoder
+        from .backends.cuda_graph import graph_decoder
         graphed = graph_decoder(model, B, tokens=max(lengths) + steps)
     cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache and not graph else None
     try:
@@ -307,3 +313,47 @@ def _distinct_ends(lengths: list[int], device: torch.device) -> tuple[Tensor, Te
     ends = sorted(set(n - 1 for n in lengths))
     which = [ends.index(n - 1) for n in lengths]
     return upload(ends, device), upload(which, device)
+
+
+@torch.no_grad()
+def generate_compiled(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
+                      sampling: SamplingParams = SamplingParams(),
+                      stop_ids: tuple[int, ...] = (), mode: str | None = None,
+                      backend: str = "inductor") -> list[list[int]]:
+    """Static batching with the compiled decode step: the same rules and the same tokens as
+    :func:`~tinyserve.generate.generate_batch` (right-padded prompts, stopped rows computed
+    but dropped), with the batch padded up to its bucket by dummy rows: the loop over
+    :mod:`tinyserve.backends.compiled`'s step, which the backend leaves to the loops."""
+    from .backends.compiled import compiled_decoder
+    if not prompts:
+        raise PromptError("no prompts given")
+    window = model.config.max_position_embeddings
+    for p in prompts:
+        check_prompt(p, max_tokens, window)
+    longest = max(len(p) for p in prompts)
+    decoder = compiled_decoder(model, len(prompts), mode, backend,
+                               tokens=min(window, longest + max_tokens))
+    device, B, bucket = model.device, len(prompts), decoder.cache.batch_size
+    lengths = [len(p) for p in prompts] + [1] * (bucket - len(prompts))
+    pad = model.config.pad_token_id
+    rows = [list(p) for p in prompts] + [[pad]] * (bucket - len(prompts))
+    padded = torch.tensor([r + [pad] * (max(lengths) - len(r)) for r in rows], device=device)
+    last = torch.tensor(lengths, device=device) - 1
+    logits = decoder.prefill(padded)[torch.arange(bucket, device=device), last]
+    generator = sampling.generator()
+    steps = min(max_tokens, window - max(lengths))
+    out: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B
+    for step in range(steps):
+        tokens = sample_with(logits[:B], sampling, generator)
+        for b, t in enumerate(tokens.tolist()):
+            if not done[b]:
+                out[b].append(t)
+                done[b] = t in stop_ids
+        if all(done) or step == steps - 1:
+            break
+        last = last + 1
+        feed = torch.cat([tokens, torch.full((bucket - B,), pad, device=device,
+                                             dtype=tokens.dtype)])
+        logits = decoder.step(feed, last)
+    return out

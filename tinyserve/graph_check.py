@@ -1,5 +1,5 @@
 """Eager against graph decode, measured: ``python -m tinyserve.graph_check`` (gpu-check's
-graph-decode step). Measurement sits above the loops it times: :mod:`tinyserve.cuda_graph`
+graph-decode step). Measurement sits above the loops it times: :mod:`tinyserve.backends.cuda_graph`
 captures and replays, this module only clocks it against the eager step."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from .checkpoint import load_model
-from .cuda_graph import graph_decoder
+from .backends.cuda_graph import graph_decoder
 from .device import default_device
 from .generate import clock, decode_step, prefill
 from .kv_cache import KVCache

@@ -21,7 +21,7 @@ A *pure-decode* step (every row feeds one token) can instead read :class:`Decode
 static tensors filled in place each step, through a :class:`DecodeLayout`: every row
 gathers all the blocks of a fixed window and is masked by its length on the device, so the
 step has one shape per (rows, window) and reads nothing from the host. That is what a CUDA
-graph needs (:class:`tinyserve.cuda_graph.EngineGraphs`).
+graph needs (:class:`tinyserve.backends.cuda_graph.EngineGraphs`).
 """
 from __future__ import annotations
 

@@ -269,7 +269,7 @@ def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
                           repeats: int = 3, backend: str = "inductor") -> tuple[float, float]:
     """Seconds per compiled decode step after prompts (B, T), B a bucket size, and the
     seconds its first call took (compiling, unless this bucket was compiled before)."""
-    from .compiled import compiled_decoder
+    from .backends.compiled import compiled_decoder
     decoder = compiled_decoder(model, prompts.shape[0], backend=backend,
                                tokens=prompts.shape[1] + n)
     if decoder.cache.batch_size != prompts.shape[0]:

@@ -28,13 +28,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from .compiled import window_for
+from .backends.spec_graphs import StaticPasses, static_passes
+from .backends.static import window_for
 from .device import upload
 from .generate import check_prompt, decode_step, extend, prefill
 from .kv_cache import KVCache
 from .model import TinyLlama
 from .sampling import SamplingParams, top_k_filter, top_p_filter
-from .spec_graphs import StaticPasses, static_passes
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SpecStats", "SpeculativeDecoder",
            "accept_greedy", "accept_sampled", "probs_for", "speculative_generate",
@@ -159,7 +159,7 @@ class ModelDrafter:
     It runs on the plain decode path's step code (:func:`~tinyserve.generate.extend` and
     :func:`~tinyserve.generate.decode_step`, in inference mode), so a draft pass costs
     what the cost model's measured draft pass costs. ``graph`` (default: on CUDA) runs the
-    same passes on static buffers (:mod:`tinyserve.spec_graphs`), replayed as CUDA graphs
+    same passes on static buffers (:mod:`tinyserve.backends.spec_graphs`), replayed as CUDA graphs
     of widths 1 and 2 (the catch-up); on a CPU ``graph=True`` runs them eagerly."""
 
     #: Pass widths on static buffers: one-token draft steps and the catch-up of 1 or 2.
@@ -327,7 +327,7 @@ class SpeculativeDecoder:
     """Batch-1 speculative decoding, step by step (``speculative_generate`` drives it).
 
     ``graph`` (default: on CUDA) runs the target's passes on static buffers
-    (:mod:`tinyserve.spec_graphs`), the verify pass replayed as one CUDA graph per width
+    (:mod:`tinyserve.backends.spec_graphs`), the verify pass replayed as one CUDA graph per width
     (k + 1, or fewer when fewer drafts come); on a CPU ``graph=True`` runs the same passes
     eagerly. Call :meth:`release` when done (``speculative_generate`` does)."""
 

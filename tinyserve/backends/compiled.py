@@ -7,17 +7,22 @@ fuses it; on CUDA, mode ``"reduce-overhead"`` also records it as a CUDA graph, s
 is one launch replayed.
 
 Tracing needs *static shapes*, which the contiguous :class:`~tinyserve.kv_cache.KVCache` does
-not have (its keys grow each step, and it keeps lengths on the host). So this module brings:
+not have (its keys grow each step, and it keeps lengths on the host). So the step runs on a
+:class:`~tinyserve.backends.static.StaticKVCache` (every row owns the whole window, always
+returned whole; which slots a query may see is computed from the positions on the device, so
+nothing in a step reads back to the host), and this module brings:
 
-- :class:`StaticKVCache`: every row owns the whole window, always returned whole; which slots
-  a query may see is computed from the positions on the device (slot ``s`` is visible to a
-  row at position ``p`` when ``s <= p``), so nothing in a step reads back to the host;
-- :class:`CompiledDecoder`: one compiled step per (model, batch bucket), prefill left eager
-  (it runs once per request and its shapes vary);
-- :func:`generate_compiled`: static-batch greedy or sampled generation on it, the compiled
-  twin of :func:`~tinyserve.generate.generate_batch` (tests check they give equal tokens).
+- :class:`CompiledDecoder`: one compiled step per (model, batch bucket, window), prefill left
+  eager (it runs once per request and its shapes vary);
+- :func:`compiled_decoder`: those decoders, compiled once and kept (:data:`DECODERS`);
+- :func:`compile_token_layers`: the engine's token-wise layers compiled in place.
 
-Batches are padded up to a bucket (1, 2, 4, ... 64) so a handful of graphs serve every size,
+The loop over it is :func:`~tinyserve.generate.generate_compiled`, the compiled twin of
+:func:`~tinyserve.generate.generate_batch` (tests check they give equal tokens): loops choose
+a backend, a backend never runs a loop.
+
+Batches are padded up to a bucket (:func:`~tinyserve.backends.static.bucket_for`: 1, 2, 4, 8,
+then steps of 16 up to :data:`MAX_COMPILED_BATCH`) so a handful of graphs serve every size,
 and the cache holds only the window a request needs, rounded up to a power of two (64, 128,
 ... the model's context window): attention in a static graph reads every slot of the cache,
 so a 512-slot cache would make a 100-token request read five times the keys it has. One
@@ -25,99 +30,21 @@ graph per (batch bucket, window) pair, each compiled on first use.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 import time
 
 import torch
 from torch import Tensor
 
-from .config import ModelConfig
+from ..model import TinyLlama
 from .decoder_cache import DecoderCache
-from .model import TinyLlama
-from .sampling import SamplingParams, sample_with
+from .static import StaticKVCache, bucket_for, window_for
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-SMALLEST_WINDOW = 64
+__all__ = ["MAX_COMPILED_BATCH", "CompiledDecoder", "compile_token_layers", "compiled_decoder",
+           "DECODERS", "MAX_DECODERS"]
 
-
-def bucket_for(batch: int) -> int:
-    """The smallest batch bucket that holds ``batch`` rows."""
-    for b in BUCKETS:
-        if batch <= b:
-            return b
-    raise ValueError(f"a compiled decode step takes at most {BUCKETS[-1]} rows, got {batch}; "
-                     f"split the batch or run it eagerly (without --compile)")
-
-
-def window_for(tokens: int, context_window: int) -> int:
-    """The cache length for requests of up to ``tokens`` positions (prompt + output): the
-    smallest power of two from :data:`SMALLEST_WINDOW` that holds them, at most the model's
-    ``context_window``."""
-    if tokens > context_window:
-        raise ValueError(f"{tokens} positions do not fit the context window of "
-                         f"{context_window}; shorten the prompt or lower max_tokens")
-    window = SMALLEST_WINDOW
-    while window < tokens:
-        window *= 2
-    return min(window, context_window)
-
-
-class StaticKVCache:
-    """Keys and values for ``batch_size`` rows of ``max_seq`` slots (default: the model's
-    context window), fixed shapes.
-
-    Implements the model's ``KVStore`` protocol like :class:`~tinyserve.kv_cache.KVCache`, but
-    keeps no lengths on the host: it returns all ``max_seq`` slots every step, each with
-    position ``s`` if the row has reached it (``s <= `` the row's current position) and
-    ``-1`` otherwise. Stale slots from a longer earlier request are therefore invisible
-    until overwritten, and a row's tokens must be written in order from position 0.
-
-    Layout: one tensor per layer for K and one for V, each ``(batch, max_seq, n_kv_heads,
-    head_dim)``; viewed as ``(batch * max_seq)`` rows it lets a step write every row's new
-    token with one in-place ``index_copy_`` at row ``b * max_seq + position``. Both choices
-    avoid a whole-cache copy per step in the compiled graph: an indexed assignment into the
-    head-first layout, or a write into one layer of a tensor stacking all layers, is
-    traced as "copy the cache (or the layer), then write" (seen in inductor's generated
-    code: one copy per layer of the bucket's whole window, which made batch 8 and 64 slower
-    compiled than eager). Attention reads it through a transposed view, no copy.
-    """
-
-    def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
-                 dtype: torch.dtype, max_seq: int | None = None) -> None:
-        self.config, self.batch_size = config, batch_size
-        self.max_seq = max_seq or config.max_position_embeddings
-        shape = (batch_size, self.max_seq, config.num_key_value_heads, config.head_dim)
-        layers = range(config.num_hidden_layers)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
-        self.slots = torch.arange(self.max_seq, device=device)
-        self.row_starts = torch.arange(batch_size, device=device) * self.max_seq
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in (*self.k, *self.v))
-
-    def mark_static(self) -> None:
-        """Tell ``torch.compile`` the buffers keep their addresses: the CUDA graph that
-        mode ``"reduce-overhead"`` records then reads and writes these very tensors instead
-        of copying them in at every replay. (The hand-captured graphs of
-        :mod:`tinyserve.cuda_graph` need no marker: they replay whatever addresses they saw.)"""
-        for t in (*self.k, *self.v, self.slots, self.row_starts):
-            torch._dynamo.mark_static_address(t)
-
-    def update(self, layer: int, k: Tensor, v: Tensor,
-               positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Write keys and values (B, n_kv, T, head_dim) at ``positions`` (B, T); return the
-        whole window (B, n_kv, max_seq, head_dim) and each slot's position (B, max_seq),
-        -1 for slots not yet reached."""
-        B, n_kv, T, hd = k.shape
-        index = (self.row_starts[:, None] + positions).reshape(B * T)
-        for cache, new in ((self.k[layer], k), (self.v[layer], v)):
-            cache.view(B * self.max_seq, n_kv, hd).index_copy_(
-                0, index, new.transpose(1, 2).reshape(B * T, n_kv, hd))
-        reached = positions.max(dim=1, keepdim=True).values             # (B, 1)
-        k_positions = torch.where(self.slots[None, :] <= reached, self.slots, -1)
-        return self.k[layer].transpose(1, 2), self.v[layer].transpose(1, 2), k_positions
+#: The largest batch a compiled step is made for: every (bucket, window) is a compile of
+#: its own, tens of seconds each, so the compiled path stops well short of the graphs' 512.
+MAX_COMPILED_BATCH = 64
 
 
 class CompiledDecoder:
@@ -205,7 +132,7 @@ def compile_token_layers(model: TinyLlama, backend: str = "inductor") -> None:
 #: How many compiled decoders are kept (beyond it the least recently used is freed): each
 #: holds a static KV cache of its bucket and window and its compiled step.
 MAX_DECODERS = 8
-_DECODERS: DecoderCache[CompiledDecoder] = DecoderCache(MAX_DECODERS)
+DECODERS: DecoderCache[CompiledDecoder] = DecoderCache(MAX_DECODERS)
 
 
 def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
@@ -213,52 +140,9 @@ def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
     """The decoder for ``model``, the bucket holding ``batch`` rows and the window holding
     ``tokens`` positions per row (default: the whole context window), compiled once and
     reused (compiling again for every request would cost more than it saves); at most
-    :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.decoder_cache`)."""
+    :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.backends.decoder_cache`)."""
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
-    key = (bucket_for(batch), window, mode, backend)
-    return _DECODERS.get(model, key, lambda: CompiledDecoder(model, key[0], mode, backend,
+    key = (bucket_for(batch, MAX_COMPILED_BATCH), window, mode, backend)
+    return DECODERS.get(model, key, lambda: CompiledDecoder(model, key[0], mode, backend,
                                                              window), exclusive=False)
-
-
-@torch.no_grad()
-def generate_compiled(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
-                      sampling: SamplingParams = SamplingParams(),
-                      stop_ids: tuple[int, ...] = (), mode: str | None = None,
-                      backend: str = "inductor") -> list[list[int]]:
-    """Static batching with the compiled decode step: the same rules and the same tokens as
-    :func:`~tinyserve.generate.generate_batch` (right-padded prompts, stopped rows computed
-    but dropped), with the batch padded up to its bucket by dummy rows."""
-    from .prompts import PromptError, check_prompt
-    if not prompts:
-        raise PromptError("no prompts given")
-    window = model.config.max_position_embeddings
-    for p in prompts:
-        check_prompt(p, max_tokens, window)
-    longest = max(len(p) for p in prompts)
-    decoder = compiled_decoder(model, len(prompts), mode, backend,
-                               tokens=min(window, longest + max_tokens))
-    device, B, bucket = model.device, len(prompts), decoder.cache.batch_size
-    lengths = [len(p) for p in prompts] + [1] * (bucket - len(prompts))
-    pad = model.config.pad_token_id
-    rows = [list(p) for p in prompts] + [[pad]] * (bucket - len(prompts))
-    padded = torch.tensor([r + [pad] * (max(lengths) - len(r)) for r in rows], device=device)
-    last = torch.tensor(lengths, device=device) - 1
-    logits = decoder.prefill(padded)[torch.arange(bucket, device=device), last]
-    generator = sampling.generator()
-    steps = min(max_tokens, window - max(lengths))
-    out: list[list[int]] = [[] for _ in range(B)]
-    done = [False] * B
-    for step in range(steps):
-        tokens = sample_with(logits[:B], sampling, generator)
-        for b, t in enumerate(tokens.tolist()):
-            if not done[b]:
-                out[b].append(t)
-                done[b] = t in stop_ids
-        if all(done) or step == steps - 1:
-            break
-        last = last + 1
-        feed = torch.cat([tokens, torch.full((bucket - B,), pad, device=device,
-                                             dtype=tokens.dtype)])
-        logits = decoder.step(feed, last)
-    return out

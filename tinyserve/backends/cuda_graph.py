@@ -49,9 +49,10 @@ against the plain KV-cache step and the engine's plain step. :class:`EngineGraph
 through the very same warm-up there, with an :class:`EagerReplay` (the step, run when
 "replayed") for each shape in place of a graph, so when and in which order shapes are
 captured is tested on a CPU too. Idle :class:`GraphDecoder` s are kept in a
-:class:`~tinyserve.decoder_cache.DecoderCache` of at most :data:`MAX_DECODERS`. ``torch.compile``'s graphs
-(:mod:`tinyserve.compiled`) stay the opt-in "compiled" step: fused kernels, minutes to
-build.
+:class:`~tinyserve.backends.decoder_cache.DecoderCache` of at most :data:`MAX_DECODERS`.
+``torch.compile``'s graphs (:mod:`tinyserve.backends.compiled`) stay the opt-in "compiled"
+step: fused kernels, minutes to build. The buckets, the windows and the static cache are
+:mod:`tinyserve.backends.static`'s, shared with the compiled step.
 """
 from __future__ import annotations
 
@@ -62,45 +63,20 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .compiled import SMALLEST_WINDOW, StaticKVCache, window_for
-from .config import ModelConfig
+from ..config import ModelConfig
+from ..device import upload
+from ..kv_cache import CacheFullError
+from ..model import TinyLlama
+from ..paged import DecodeBuffers, PagedKVCache
 from .decoder_cache import DecoderCache
-from .device import upload
-from .kv_cache import CacheFullError
-from .model import TinyLlama
-from .paged import DecodeBuffers, PagedKVCache
+from .static import MAX_BATCH, SMALLEST_WINDOW, StaticKVCache, bucket_for, buckets, window_for
 
 __all__ = ["MAX_BATCH", "buckets", "bucket_for", "GraphKVCache", "GraphDecoder",
            "graph_decoder", "EngineGraphs", "EagerReplay", "shared_pool", "record",
            "weight_addresses", "MAX_DECODERS"]
 
-#: The largest batch a graph is captured for (nano-vllm's default ``max_num_seqs``).
-MAX_BATCH = 512
-
-
-def buckets(max_batch: int = MAX_BATCH) -> tuple[int, ...]:
-    """The batch sizes graphs are captured for: 1, 2, 4, 8, then every multiple of 16 up
-    to ``max_batch``. Small batches are common and cheap to pad; past 8 a step's cost
-    grows slowly with its rows, so steps of 16 waste at most 15 padded rows."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-    small = [b for b in (1, 2, 4, 8) if b <= max_batch]
-    return tuple(small + list(range(16, max_batch + 1, 16)))
-
-
-def bucket_for(batch: int, max_batch: int = MAX_BATCH) -> int:
-    """The smallest bucket that holds ``batch`` rows."""
-    if batch < 1:
-        raise ValueError(f"a batch has at least one row, got {batch}")
-    for b in buckets(max_batch):
-        if batch <= b:
-            return b
-    raise ValueError(f"a graph decode step takes at most {max_batch} rows, got {batch}; "
-                     f"split the batch or decode it eagerly (graph=False)")
-
-
 class GraphKVCache(StaticKVCache):
-    """:class:`~tinyserve.compiled.StaticKVCache` (the whole window returned every step,
+    """:class:`~tinyserve.backends.static.StaticKVCache` (the whole window returned every step,
     visibility computed on the device) plus the step's positions as a static buffer
     ``positions`` (B, 1).
 
@@ -111,7 +87,8 @@ class GraphKVCache(StaticKVCache):
 
     def __init__(self, config: ModelConfig, batch_size: int, *, device: torch.device | str,
                  dtype: torch.dtype, max_seq: int | None = None) -> None:
-        # StaticKVCache's buffers, unmarked: torch.compile's markers stay in compiled.py.
+        # StaticKVCache's buffers, unmarked: torch.compile's markers (mark_static) are the
+        # compiled step's, and a hand-captured graph needs none.
         super().__init__(config, batch_size, device=device, dtype=dtype, max_seq=max_seq)
         self.positions = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         self.prefilling = False   # set for one pass: the prompts, at 0..T-1
@@ -298,7 +275,7 @@ def graph_decoder(model: TinyLlama, batch: int, tokens: int | None = None, *,
 
     Decoders are kept per model and reused, graph and all: a graph is captured once, not
     per request. A second request while the first still streams gets a decoder of its own.
-    At most :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.decoder_cache`).
+    At most :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.backends.decoder_cache`).
     """
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
@@ -333,11 +310,11 @@ class EngineGraphs:
     graph of its bucket and window: every row gathers all the window's blocks of its table
     and is masked by its length on the device (:class:`~tinyserve.paged.DecodeLayout`), so
     one graph serves every mix of lengths up to the window. The window is the longest
-    context rounded up to a power of two from 64 (:func:`~tinyserve.compiled.window_for`),
-    as in the compiled step: gathering the whole context window would read far more keys
-    than short requests hold. :meth:`warmup` captures every (bucket, window) up front, into
-    the device's shared pool (the time each took is kept in ``capture_seconds``); the
-    logits land in one static buffer ``logits``.
+    context rounded up to a power of two from 64
+    (:func:`~tinyserve.backends.static.window_for`), as in the compiled step: gathering the
+    whole context window would read far more keys than short requests hold. :meth:`warmup`
+    captures every (bucket, window) up front, into the device's shared pool (the time each
+    took is kept in ``capture_seconds``); the logits land in one static buffer ``logits``.
 
     With ``capture=False`` (the default where CUDA is absent) the very same step runs
     eagerly on the same buffers (an :class:`EagerReplay` per shape): that is how the

@@ -1,7 +1,8 @@
 """A bounded cache of static decoders, least recently used dropped first.
 
-A static decoder (:class:`~tinyserve.cuda_graph.GraphDecoder`,
-:class:`~tinyserve.spec_graphs.StaticPasses`, :class:`~tinyserve.compiled.CompiledDecoder`)
+A static decoder (:class:`~tinyserve.backends.cuda_graph.GraphDecoder`,
+:class:`~tinyserve.backends.spec_graphs.StaticPasses`,
+:class:`~tinyserve.backends.compiled.CompiledDecoder`)
 holds a KV cache for its whole batch bucket and window and, on CUDA, its captured or
 compiled graphs: for a 1B model in bf16 a bucket of 64 rows of 2,048 slots is about 4 GB
 of cache alone (64 x 2,048 tokens x 32 KB). Reusing one saves a capture or a compile,

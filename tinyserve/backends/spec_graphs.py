@@ -3,13 +3,13 @@
 A speculative step is a handful of small passes: the draft model's catch-up (1 or 2
 tokens) and k - 1 one-token steps, then the target's verify pass over k + 1 tokens. On a
 GPU each is a few hundred kernel launches from Python, so at batch 1 the launches set the
-step's time, as in plain decoding (:mod:`tinyserve.cuda_graph`). The fix is the same:
+step's time, as in plain decoding (:mod:`tinyserve.backends.cuda_graph`). The fix is the same:
 record each pass once as a CUDA graph and replay it.
 
 What changes from the decode graph is the *width*: a pass feeds ``w`` tokens of one row.
 :class:`StaticPasses` keeps, per width it is asked for, a static token buffer (1, w) and a
 static positions buffer (1, w), and one graph per width, all reading and writing one
-static KV cache (:class:`~tinyserve.compiled.StaticKVCache`: the whole window every pass,
+static KV cache (:class:`~tinyserve.backends.static.StaticKVCache`: the whole window every pass,
 which slots a query sees computed on the device from the positions). So:
 
 - a pass copies its tokens and positions into the width's buffers and replays (on a CPU,
@@ -35,19 +35,19 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .compiled import StaticKVCache, window_for
-from .config import ModelConfig
+from ..config import ModelConfig
+from ..device import upload
+from ..kv_cache import CacheFullError
+from ..model import TinyLlama
 from .cuda_graph import record, weight_addresses
 from .decoder_cache import DecoderCache
-from .device import upload
-from .kv_cache import CacheFullError
-from .model import TinyLlama
+from .static import StaticKVCache, window_for
 
 __all__ = ["WidthKVCache", "StaticPasses", "static_passes", "MAX_PASSES"]
 
 
 class WidthKVCache(StaticKVCache):
-    """A one-row :class:`~tinyserve.compiled.StaticKVCache` whose passes take their
+    """A one-row :class:`~tinyserve.backends.static.StaticKVCache` whose passes take their
     positions from a static buffer per width: ``positions[w]`` (1, w), filled by the caller.
     ``prefilling`` announces one pass at 0..T-1 (the prompt: known on the host)."""
 
@@ -189,7 +189,7 @@ def static_passes(model: TinyLlama, tokens: int, widths: Sequence[int], *,
     """A free :class:`StaticPasses` for ``model`` holding ``tokens`` positions (rounded up
     to a power of two from 64, as the decode graphs are) and passes of ``widths``, marked in
     use until :meth:`StaticPasses.release`. Kept per model and reused, graphs and all (at
-    most :data:`MAX_PASSES`: see :mod:`tinyserve.decoder_cache`)."""
+    most :data:`MAX_PASSES`: see :mod:`tinyserve.backends.decoder_cache`)."""
     window = window_for(tokens, model.config.max_position_embeddings)
     capture = model.device.type == "cuda" if capture is None else capture
     key = (window, tuple(sorted(set(widths))), capture, model.device, model.dtype)
