@@ -36,9 +36,8 @@ from tinyserve.corpus import example_prompts
 from tinyserve.device import default_device, default_dtype
 from tinyserve.generate import generate_batch
 from tinyserve.model import TinyLlama
-from tinyserve.roofline import (bounds_seconds, compiled_step_seconds, decode_cost,
-                                eager_step_seconds, flop_ceiling, matmul_flops, mbu,
-                                read_bandwidth)
+from tinyserve.roofline import (bounds_seconds, decode_cost, flop_ceiling, matmul_flops, mbu,
+                                read_bandwidth, row_sweep)
 from tinyserve.tokenizer import load_tokenizer
 
 from .common import load_bench_model, report, table, write_json
@@ -108,11 +107,11 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
     context = prompt_len + n_new // 2
     rows, sweep = [], []
     compile_s: dict[str, float] = {}
-    for batch in batches:
-        prompts = torch.tensor(_prompts(model, batch, prompt_len), device=device)
-        eager = eager_step_seconds(model, prompts, n_new, repeats)
-        compiled, compile_s[str(batch)] = compiled_step_seconds(model, prompts, n_new, repeats,
-                                                                backend)
+    prompts = torch.tensor(_prompts(model, max(batches), prompt_len), device=device)
+    points = row_sweep(model, prompts, batches, n_new, repeats, compiled={"backend": backend})
+    for batch, point in points.items():
+        eager, compiled = point.eager_s, point.compiled_s
+        compile_s[str(batch)] = point.compile_s
         cost = decode_cost(model, batch, context)
         bound = bounds_seconds(cost, bandwidth, flop_rate)
         sweep.append({"batch": batch, "eager_ms": eager * 1e3, "compiled_ms": compiled * 1e3,

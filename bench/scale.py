@@ -56,9 +56,9 @@ from tinyserve.device import default_device, default_dtype
 from tinyserve.generate import extend, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
-from tinyserve.roofline import (ReadBandwidth, bounds_seconds, decode_cost, eager_step_seconds,
-                                flop_ceiling, matmul_flops, mbu, measured_knee,
-                                per_token_seconds, read_bandwidth, roofline_knee)
+from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile_settings,
+                                decode_cost, eager_step_seconds, flop_ceiling, matmul_flops,
+                                mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
 from .common import QUICK_CONFIG, interleaved_seconds, report, table, write_json
@@ -79,16 +79,17 @@ QUICK_DRAFT = ModelConfig(vocab_size=128, hidden_size=16, intermediate_size=32,
 # --- the fastest compiled path --------------------------------------------------------------
 
 def fastest_mode(device: torch.device, quick: bool) -> dict[str, Any]:
-    """How the fastest compiled path is built here: on a CPU max-autotune with freezing (the
-    weights become constants, packed once for inductor's C++ GEMM template; issue 30
-    measured 1.2-1.5x one row at 4 rows with it, eager F.linear 2-2.2x), on CUDA the default
-    CUDA-graph mode. ``--quick`` on a CPU only traces (code generation takes minutes)."""
+    """How the fastest compiled path is built here (:func:`~tinyserve.roofline.
+    compiled_step_seconds`'s options): on a CPU max-autotune with freezing (the weights
+    become constants, packed once for inductor's C++ GEMM template, the only GEMM choice left:
+    :func:`~tinyserve.roofline.compile_settings`; issue 30 measured 1.2-1.5x one row at 4 rows
+    with it, eager F.linear 2-2.2x), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
+    only traces (code generation takes minutes)."""
     if quick and device.type == "cpu":
         return {"backend": "eager", "mode": None, "freezing": False}
     if device.type == "cuda":
         return {"backend": "inductor", "mode": "reduce-overhead", "freezing": False}
-    return {"backend": "inductor", "mode": "max-autotune", "freezing": True,
-            "gemm_backends": "CPP"}
+    return {"backend": "inductor", "mode": "max-autotune", "freezing": True}
 
 
 class VerifyDecoder(CompiledDecoder):
@@ -98,18 +99,6 @@ class VerifyDecoder(CompiledDecoder):
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(tokens, positions, self.cache)
-
-
-def _inductor_patch(fast: dict[str, Any]):
-    """Inductor's settings for the fastest path. On a CPU with freezing, max-autotune's GEMM
-    choices are restricted to its C++ template: the autotuner picked that template over
-    MKL's ``_mkl_linear`` at every linear of this model in our runs (e.g. 1.5 against 17.5
-    ms at 4 rows), and with one choice left it skips benchmarking every candidate at every
-    compile, which on this 2-core machine more than doubles a bucket's compile time."""
-    import torch._inductor.config as inductor_config
-    if not fast["freezing"]:
-        return inductor_config.patch(freezing=False)
-    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP")
 
 
 def forget_compiled(model: TinyLlama) -> None:
@@ -131,22 +120,6 @@ def forget_compiled(model: TinyLlama) -> None:
 
 
 @torch.no_grad()
-def compiled_sweep_point(model: TinyLlama, prompts: torch.Tensor, n: int, repeats: int,
-                         fast: dict[str, Any]) -> tuple[float, float, CompiledDecoder]:
-    """Seconds per compiled decode step after prompts (B, T), B a bucket, the greedy token fed
-    back (as :func:`~tinyserve.roofline.compiled_step_seconds`, with the mode and freezing
-    of :func:`fastest_mode`); the seconds the first step took (the compile); the decoder."""
-    B, T = prompts.shape
-    with _inductor_patch(fast):
-        decoder = compiled_decoder(model, B, mode=fast["mode"], backend=fast["backend"],
-                                   tokens=T + n + K + 1)
-        first = decoder.prefill(prompts)[:, -1].argmax(-1)
-        decoder.step(first, torch.full_like(first, T))   # compiles
-        seconds = per_token_seconds(decoder.step, first, T, n, repeats, lambda: None)
-    return seconds, float(decoder.compile_seconds or 0.0), decoder
-
-
-@torch.no_grad()
 def verify_vs_step(model: TinyLlama, step_decoder: CompiledDecoder, prompt: torch.Tensor,
                    fast: dict[str, Any], rounds: int) -> dict[str, float]:
     """A (K+1)-token pass against a one-token pass after ``prompt`` (1, T), both compiled
@@ -158,7 +131,7 @@ def verify_vs_step(model: TinyLlama, step_decoder: CompiledDecoder, prompt: torc
     guesses = torch.randint(0, model.config.vocab_size, (1, W), generator=g).to(device)
     pos_w = torch.arange(T, T + W, device=device)[None]
     pos_1 = pos_w[:, :1]
-    with _inductor_patch(fast):
+    with compile_settings(fast["freezing"]):
         verify = VerifyDecoder(model, 1, fast["mode"], fast["backend"],
                                step_decoder.cache.max_seq)
         verify.prefill(prompt)
@@ -409,17 +382,21 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
     print(f"bench scale: {name} on {device}, {str(dtype).removeprefix('torch.')}; fastest "
           f"path: {fast}", flush=True)
 
-    # 1. Decode step against rows, eager and compiled.
+    # 1. Decode step against rows, eager and compiled (each bucket's window leaves room for
+    # the verify pass, which runs on the one-row decoder while its graph exists).
     context = prompt_len + n // 2
     sweep, compile_s, verify = [], {}, {}
-    for rows in rows_list:
-        prompts = _prompts(model, rows, prompt_len)
-        eager = eager_step_seconds(model, prompts, n, repeats)
-        compiled, compile_s[str(rows)], decoder = compiled_sweep_point(model, prompts, n,
-                                                                       repeats, fast)
-        if rows == 1:   # the verify pass against a step, while the one-row graph exists
-            verify = verify_vs_step(model, decoder, prompts, fast, rounds)
-        del decoder
+    compiled_options = {**fast, "tokens": prompt_len + n + K + 1}
+    prompts = _prompts(model, max(rows_list), prompt_len)
+
+    def measured(point: RowPoint) -> None:
+        rows, eager, compiled = point.rows, point.eager_s, point.compiled_s
+        compile_s[str(rows)] = point.compile_s
+        if rows == 1:
+            decoder = compiled_decoder(model, 1, mode=fast["mode"], backend=fast["backend"],
+                                       tokens=compiled_options["tokens"])   # the one just timed
+            verify.update(verify_vs_step(model, decoder, prompts[:1], fast, rounds))
+            del decoder
         forget_compiled(model)
         cost = decode_cost(model, rows, context)
         sweep.append({"rows": rows, "eager_ms": eager * 1e3, "compiled_ms": compiled * 1e3,
@@ -429,6 +406,7 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
                       "compile_s": compile_s[str(rows)]})
         print(f"  rows {rows}: eager {eager * 1e3:.1f} ms, compiled {compiled * 1e3:.1f} ms "
               f"(compile {compile_s[str(rows)]:.0f} s)", flush=True)
+    row_sweep(model, prompts, rows_list, n, repeats, compiled=compiled_options, after=measured)
     again, flop_again = ceilings()
     ways = ReadBandwidth({w: max(r, again.ways[w]) for w, r in ways.ways.items()})
     flop_rate = max(flop_rate, flop_again)

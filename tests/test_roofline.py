@@ -13,7 +13,8 @@ from tinyserve.model import TinyLlama
 from tinyserve.quant import quantize_model
 from tinyserve.roofline import (bounds_seconds, crossover_batch, decode_cost, decode_cost_for,
                                 eager_step_seconds, matmul_flops, mbu, measured_knee,
-                                memory_bandwidth, parameter_count, read_bandwidth, roofline_knee)
+                                memory_bandwidth, parameter_count, read_bandwidth, roofline_knee,
+                                row_sweep)
 from tinyserve.workbook.capacity import kv_bytes_for_config
 from tinyserve.workbook.roofline_lab import RooflineCase, RooflineLab
 
@@ -58,6 +59,25 @@ def test_machine_measurements_and_a_measured_step_are_positive() -> None:
     torch.manual_seed(0)
     model = TinyLlama(SMALL).eval()
     assert eager_step_seconds(model, torch.randint(0, 96, (2, 5)), n=2, repeats=1) > 0
+
+
+def test_one_row_sweep_times_eager_and_compiled_steps_and_reports_each_batch() -> None:
+    # issue 39: the chapters' sweep, bench decode's and bench scale's are this one
+    torch.manual_seed(0)
+    model = TinyLlama(SMALL).eval()
+    seen: list[int] = []
+    sweep = row_sweep(model, torch.randint(0, 96, (2, 5)), [1, 2], n=2, repeats=1,
+                      compiled={"backend": "eager"}, after=lambda p: seen.append(p.rows))
+    assert seen == [1, 2] and sorted(sweep) == [1, 2]
+    for B, point in sweep.items():
+        assert point.rows == B and point.eager_s > 0 and point.compiled_s > 0
+        assert point.compile_s >= 0
+    assert row_sweep(model, torch.randint(0, 96, (1, 5)), [1], n=1, repeats=1)[1].compiled_s is None
+
+
+def test_graph_check_times_the_eager_step_with_roofline_s() -> None:
+    from tinyserve import graph_check, roofline
+    assert graph_check.eager_step_seconds is roofline.eager_step_seconds
 
 
 def test_the_lab_hides_the_answer_until_a_guess_is_committed_then_locks_it() -> None:

@@ -8,11 +8,9 @@ from torch import Tensor
 
 from .checkpoint import load_model
 from .backends.cuda_graph import graph_decoder
-from .device import default_device
-from .generate import clock, decode_step, prefill
-from .kv_cache import KVCache
+from .device import default_device, timings
 from .model import TinyLlama
-from .roofline import decode_cost, mbu, read_bandwidth
+from .roofline import decode_cost, eager_step_seconds, mbu, read_bandwidth
 
 @torch.no_grad()
 def graph_step_seconds(model: TinyLlama, prompts: Tensor, n: int = 16, repeats: int = 3,
@@ -25,38 +23,14 @@ def graph_step_seconds(model: TinyLlama, prompts: Tensor, n: int = 16, repeats: 
     decoder = graph_decoder(model, B, tokens=T + n, capture=capture)
     try:
         first = decoder.prefill(prompts, [T] * B).argmax(-1)
-        times = []
-        for r in range(repeats + 1):            # the first run warms up, untimed
+
+        def run() -> None:
             tokens = first
-            start = clock(model.device)
             for i in range(n):                  # the same slots each run: no reset needed
                 tokens = decoder.step(tokens, [T + i] * B).argmax(-1)
-            if r:
-                times.append((clock(model.device) - start) / n)
-        return min(times)
+        return min(timings(run, model.device, repeats)) / n   # after one untimed run
     finally:
         decoder.release()
-
-
-@torch.no_grad()
-def eager_step_seconds(model: TinyLlama, prompts: Tensor, n: int = 16,
-                       repeats: int = 3) -> float:
-    """Seconds per eager decode step on the plain KV cache, timed like
-    :func:`graph_step_seconds`: positions from the cache's host lengths (no read back), the
-    fastest of ``repeats`` runs of ``n`` steps, the cache rewound between runs."""
-    B, T = prompts.shape
-    cache = KVCache.for_model(model, B, T + n)
-    first = prefill(model, prompts, cache)[:, -1].argmax(-1)
-    times = []
-    for r in range(repeats + 1):
-        cache.rewind([T] * B)
-        tokens = first
-        start = clock(model.device)
-        for _ in range(n):
-            tokens = decode_step(model, tokens, None, cache).argmax(-1)
-        if r:
-            times.append((clock(model.device) - start) / n)
-    return min(times)
 
 
 def compare(model: TinyLlama, batch: int = 1, prompt: int = 128, n: int = 16,

@@ -19,30 +19,16 @@ device type). The course divides by one bandwidth everywhere, ``read_bandwidth(.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 import math
-import time
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .config import ModelConfig, parameter_count  # noqa: F401 - the chapters read it here too
-
-
-def _timings(fn: Callable[[], Any], device: torch.device, repeats: int) -> list[float]:
-    """Seconds of each of ``repeats`` calls of ``fn`` after one warm-up call (first-touch page
-    faults and lazy kernel loading are not bandwidth), synchronized on a GPU."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
+from .device import timings
 
 
 def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
@@ -59,7 +45,7 @@ def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
     device = torch.device(device)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    return 2 * nbytes / min(_timings(lambda: dst.copy_(src), device, repeats))
+    return 2 * nbytes / min(timings(lambda: dst.copy_(src), device, repeats))
 
 
 def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
@@ -69,7 +55,7 @@ def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / min(_timings(lambda: a @ b, device, repeats))
+    return 2 * n**3 / min(timings(lambda: a @ b, device, repeats))
 
 
 #: The side of the square matmul that measures the FLOP ceiling, by device type: one way for
@@ -116,14 +102,14 @@ def read_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
     device = torch.device(device)
     n = nbytes // 4
     buffer = torch.empty(n, dtype=torch.float32, device=device).uniform_()
-    ways = {"sum": nbytes / min(_timings(buffer.sum, device, repeats))}
+    ways = {"sum": nbytes / min(timings(buffer.sum, device, repeats))}
     dst = torch.empty_like(buffer)
-    ways["copy"] = 2 * nbytes / min(_timings(lambda: dst.copy_(buffer), device, repeats))
+    ways["copy"] = 2 * nbytes / min(timings(lambda: dst.copy_(buffer), device, repeats))
     del dst
     cols = 4096                              # long rows stream well (see model.fused_linear)
     matrix = buffer[: n - n % cols].view(-1, cols)
     vector = torch.ones(cols, dtype=torch.float32, device=device)
-    ways["matvec"] = matrix.numel() * 4 / min(_timings(lambda: matrix @ vector, device, repeats))
+    ways["matvec"] = matrix.numel() * 4 / min(timings(lambda: matrix @ vector, device, repeats))
     return ReadBandwidth(ways)
 
 
@@ -221,61 +207,105 @@ def mbu(cost: DecodeCost, bandwidth: float, step_seconds: float) -> float:
 Step = Callable[[Tensor, Tensor], Tensor]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def per_token_seconds(step: Step, first: Tensor, position: int, n: int, repeats: int,
                       reset: Callable[[], None]) -> float:
     """Time per step of ``n`` decode steps from ``position``, each step's greedy token fed to
-    the next (a step cannot start before its input exists): the fastest of ``repeats`` runs.
+    the next (a step cannot start before its input exists): the fastest of ``repeats`` runs
+    (:func:`tinyserve.device.timings`, after one untimed run), ``reset`` before each.
 
     The fastest, as for the machine's ceilings (:func:`memory_bandwidth`): other programs
     only ever slow a run down, and a bound measured at the machine's best divided by a step
     measured at its median would understate the step's utilisation by however busy the
     machine happened to be."""
-    device = first.device
-    times = []
-    for r in range(repeats + 1):              # the first run warms up, untimed
-        reset()
+    def run() -> None:
         tokens, pos = first, torch.full_like(first, position)
-        _sync(device)
-        start = time.perf_counter()
         for _ in range(n):
             tokens = step(tokens, pos).argmax(-1)
             pos = pos + 1
-        _sync(device)
-        if r:
-            times.append((time.perf_counter() - start) / n)
-    return min(times)
+    return min(timings(run, first.device, repeats, setup=reset)) / n
 
 
 @torch.no_grad()
 def eager_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
                        repeats: int = 3) -> float:
-    """Seconds per eager decode step (the contiguous KV cache) after prompts (B, T)."""
+    """Seconds per eager decode step on the plain KV cache after prompts (B, T), as the loops
+    run it: positions from the cache's host lengths (nothing read back from the device), the
+    greedy token fed back, the fastest of ``repeats`` runs of ``n`` steps, the cache rewound
+    before each (:func:`per_token_seconds`)."""
     from .generate import decode_step, prefill
     from .kv_cache import KVCache
     B, T = prompts.shape
     cache = KVCache.for_model(model, B, T + n)
     first = prefill(model, prompts, cache)[:, -1].argmax(-1)
-    step: Step = lambda tokens, pos: decode_step(model, tokens, pos, cache)  # noqa: E731
+    step: Step = lambda tokens, _pos: decode_step(model, tokens, None, cache)  # noqa: E731
     return per_token_seconds(step, first, T, n, repeats, lambda: cache.rewind([T] * B))
+
+
+def compile_settings(freezing: bool = False):
+    """Inductor's settings for a compiled step, as a context manager. With ``freezing`` the
+    weights become constants, packed once for inductor's C++ GEMM template, and max-autotune's
+    GEMM choices are restricted to that template: the autotuner picked it over MKL's
+    ``_mkl_linear`` at every linear of the scale model in our runs (e.g. 1.5 against 17.5 ms
+    at 4 rows), and with one choice left it skips benchmarking every candidate at every
+    compile, which on a 2-core machine more than doubles a bucket's compile time."""
+    import torch._inductor.config as inductor_config
+    if not freezing:
+        return inductor_config.patch(freezing=False)
+    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP")
 
 
 @torch.no_grad()
 def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
-                          repeats: int = 3, backend: str = "inductor") -> tuple[float, float]:
-    """Seconds per compiled decode step after prompts (B, T), B a bucket size, and the
-    seconds its first call took (compiling, unless this bucket was compiled before)."""
+                          repeats: int = 3, backend: str = "inductor", *,
+                          mode: str | None = None, freezing: bool = False,
+                          tokens: int | None = None) -> tuple[float, float]:
+    """Seconds per compiled decode step after prompts (B, T), B a bucket size, the greedy
+    token fed back, and the seconds its first call took (compiling, unless this bucket was
+    compiled before). ``backend`` and ``mode`` are ``torch.compile``'s, ``freezing`` as in
+    :func:`compile_settings`; the decoder's window holds ``tokens`` positions per row (by
+    default T + n; more leaves room for a later pass on the same decoder, which
+    :func:`~tinyserve.backends.compiled.compiled_decoder` hands back when asked again)."""
     from .backends.compiled import compiled_decoder
-    decoder = compiled_decoder(model, prompts.shape[0], backend=backend,
-                               tokens=prompts.shape[1] + n)
-    if decoder.cache.batch_size != prompts.shape[0]:
-        raise ValueError(f"time the compiled step at a bucket size, not {prompts.shape[0]}")
-    T = prompts.shape[1]
-    first = decoder.prefill(prompts)[:, -1].argmax(-1)
-    decoder.step(first, torch.full_like(first, T))   # compiles, if not yet
-    seconds = per_token_seconds(decoder.step, first, T, n, repeats, lambda: None)
+    B, T = prompts.shape
+    with compile_settings(freezing):
+        decoder = compiled_decoder(model, B, mode=mode, backend=backend,
+                                   tokens=tokens or T + n)
+        if decoder.cache.batch_size != B:
+            raise ValueError(f"time the compiled step at a bucket size, not {B}")
+        first = decoder.prefill(prompts)[:, -1].argmax(-1)
+        decoder.step(first, torch.full_like(first, T))   # compiles, if not yet
+        seconds = per_token_seconds(decoder.step, first, T, n, repeats, lambda: None)
     return seconds, float(decoder.compile_seconds or 0.0)
+
+
+@dataclass(frozen=True)
+class RowPoint:
+    """One batch size of :func:`row_sweep`: seconds per eager decode step, and given compile
+    options the compiled step's seconds and its first call's (the compile)."""
+    rows: int
+    eager_s: float
+    compiled_s: float | None = None
+    compile_s: float | None = None
+
+
+def row_sweep(model: torch.nn.Module, prompts: Tensor, rows: Iterable[int], n: int = 16,
+              repeats: int = 3, *, compiled: dict[str, Any] | None = None,
+              after: Callable[[RowPoint], None] | None = None) -> dict[int, RowPoint]:
+    """A decode step against the rows in it: for each ``B`` in ``rows``, the first ``B`` rows
+    of ``prompts`` (at least max(rows), T) timed eagerly (:func:`eager_step_seconds`) and,
+    given ``compiled`` (:func:`compiled_step_seconds`'s options: ``backend``, ``mode``,
+    ``freezing``, ``tokens``; each B a bucket size), compiled; ``n`` steps a run, the fastest
+    of ``repeats`` runs. ``after(point)`` runs once each B is measured (a report line, dropping
+    the compiled graphs before the next bucket). The one sweep the chapters and the bench
+    suites run."""
+    out = {}
+    for B in rows:
+        point = RowPoint(B, eager_step_seconds(model, prompts[:B], n, repeats))
+        if compiled is not None:
+            seconds, compile_s = compiled_step_seconds(model, prompts[:B], n, repeats,
+                                                       **compiled)
+            point = RowPoint(B, point.eager_s, seconds, compile_s)
+        out[B] = point
+        if after is not None:
+            after(out[B])
+    return out
