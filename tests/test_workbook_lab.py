@@ -265,3 +265,16 @@ def test_several_cells_can_hold_parts_of_one_answer(capsys) -> None:
     text = p.answer_text()
     assert text.index("prefill 0.25") < text.index("decode 4.0") and "0.2 ms" not in text
     assert "measured 16 x" in text
+
+
+def test_every_predict_first_box_parses_a_guess_with_one_parser() -> None:
+    # issue 39: predict.parse_guess is the one parser (Prediction, the KV-cache lab, the roofline lab)
+    from tinyserve.workbook.predict import parse_guess
+    assert parse_guess(" 1,000 ", "rows") == (1000.0, "")
+    assert parse_guess("", "rows") == (None, "")
+    assert parse_guess("0.5", "rows", at_least=1)[0] is None
+    assert "at least 1" in parse_guess("0.5", "rows", at_least=1)[1]
+    assert "such as 4 or 300" in parse_guess("x", "rows", example="4 or 300")[1]
+    lab = KVCacheLab()
+    lab.set_guess("abc")
+    assert lab.message == parse_guess("abc", "GB", example="0.5 or 20")[1]

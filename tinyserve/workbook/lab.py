@@ -17,11 +17,11 @@ also draws the case's cache against the tokens held, with the guess on the same 
 from __future__ import annotations
 
 import io
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .capacity import GB, GiB, kv_bytes_mla, kv_bytes_per_sequence, kv_bytes_sliding_window
+from .predict import parse_guess
 
 # Bytes of one cached number, by the name a model card uses.
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -128,20 +128,7 @@ class KVCacheLab:
         if self.committed:
             self.message = "Your guess is committed; change an input to predict a new case."
             return
-        if isinstance(guess, str):
-            guess = guess.strip().replace(",", "") or None
-        try:
-            value = None if guess is None else float(guess)
-        except ValueError:
-            self.guess_gb = None
-            self.message = f"{guess!r} is not a number; type a size in GB such as 0.5 or 20."
-            return
-        if value is not None and not (math.isfinite(value) and value > 0):
-            self.guess_gb = None
-            self.message = f"a guess must be a positive size in GB, got {guess!r}."
-            return
-        self.guess_gb = value
-        self.message = ""
+        self.guess_gb, self.message = parse_guess(guess, "GB", example="0.5 or 20")
 
     def commit(self) -> bool:
         """Lock in the guess and reveal the answer; refused (False) while there is no guess."""

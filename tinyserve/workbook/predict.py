@@ -27,8 +27,12 @@ from collections.abc import Iterator
 from typing import Any
 
 
-def parse_guess(guess: float | str | None, unit: str) -> tuple[float | None, str]:
-    """(value, message): a positive finite number, or None and what to type instead."""
+def parse_guess(guess: float | str | None, unit: str, *, example: str = "2 or 0.5",
+                at_least: float | None = None) -> tuple[float | None, str]:
+    """(value, message): a positive finite number (with ``at_least``, one at least that), or
+    None and what to type instead. Text may carry spaces and thousands commas ("1,000");
+    empty text is no guess yet (no message). The one parser of every predict-first box
+    (:class:`Prediction`, the KV-cache and roofline labs)."""
     if isinstance(guess, str):
         guess = guess.strip().replace(",", "") or None
     if guess is None:
@@ -36,9 +40,11 @@ def parse_guess(guess: float | str | None, unit: str) -> tuple[float | None, str
     try:
         value = float(guess)
     except (TypeError, ValueError):
-        return None, f"{guess!r} is not a number; type a value in {unit} such as 2 or 0.5."
+        return None, f"{guess!r} is not a number; type a value in {unit} such as {example}."
     if not (math.isfinite(value) and value > 0):
         return None, f"a guess must be a positive number of {unit}, got {guess!r}."
+    if at_least is not None and value < at_least:
+        return None, f"a guess in {unit} is at least {at_least:g}, got {guess!r}."
     return value, ""
 
 

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ..config import ModelConfig
 from ..roofline import DecodeCost, bounds_seconds, crossover_batch, parameter_count
+from .predict import parse_guess
 
 
 @dataclass(frozen=True)
@@ -64,17 +65,7 @@ class RooflineLab:
         if self.committed:
             self.message = "Your guess is committed; make a new lab to predict again."
             return
-        if isinstance(guess, str):
-            guess = guess.strip().replace(",", "") or None
-        try:
-            value = None if guess is None else float(guess)
-        except ValueError:
-            self.guess, self.message = None, f"{guess!r} is not a number; type a batch size such as 4 or 300."
-            return
-        if value is not None and not (math.isfinite(value) and value >= 1):
-            self.guess, self.message = None, f"a batch size is at least 1, got {guess!r}."
-            return
-        self.guess, self.message = value, ""
+        self.guess, self.message = parse_guess(guess, "rows", example="4 or 300", at_least=1)
 
     def commit(self) -> bool:
         """Lock in the guess and reveal the answer; refused (False) while there is no guess."""
