@@ -34,8 +34,11 @@ def test_regime_names_the_larger_bound_when_the_step_is_near_it() -> None:
 def test_regime_refuses_non_positive_times() -> None:
     with pytest.raises(ValueError, match="positive"):
         regime(0.0, 1.0, 1.0)
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="non-negative"):
         regime(1.0, -1.0, 1.0)
+    with pytest.raises(ValueError, match="one of them positive"):
+        regime(1.0, 0.0, 0.0)
+    assert regime(0.15, 0.0, 0.1).name == "compute-bound"   # bytes in the cache: no memory floor
 
 
 def test_regime_of_uses_the_cost_and_the_machine() -> None:

@@ -10,8 +10,8 @@ ipywidgets.
 Below the lab, the helpers the chapters use to hold a *measured* step against the same
 roofline (chapters 1 and 6b put the shipped model, which fits in a cache, and the
 bandwidth-scale model of :mod:`tinyserve.scale`, which does not, side by side):
-:func:`regime` names what bounds a step from its measured time and its two bounds, so every
-chapter's computed sentence follows one rule; :func:`cache_bytes` is the cache a model must
+:func:`regime` names what bounds a step from its measured time and its two floors, the one rule
+every chapter's computed sentence follows (:func:`describe_regime` puts it in a sentence); :func:`cache_bytes` is the cache a model must
 outgrow; :func:`prefill_cost` and :func:`prefill_seconds` put prefill on the roofline next to
 a decode step; :func:`plot_roofline` draws the roof with measured points on it.
 """
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..config import ModelConfig
+from ..device import timings
 from ..roofline import DecodeCost, bounds_seconds, crossover_batch, parameter_count
 from .predict import parse_guess
 
@@ -130,47 +131,68 @@ class RooflineLab:
 
 # --- a measured step against the roofline -------------------------------------------------
 
-#: A step within this factor of its roofline (the larger bound) is *at* that bound; a slower
+#: A step within this factor of its roofline (the larger floor) is *at* that floor; a slower
 #: one is bound by neither bytes nor FLOPs at the machine's measured rates (an MBU of 0.5 or
-#: more counts as memory-bound).
+#: more counts as memory-bound). The one threshold of every chapter's regime sentence.
 NEAR = 2.0
 
 
 @dataclass(frozen=True)
 class Regime:
     """What limits a measured step: ``name`` is "memory-bound", "compute-bound" or
-    "overhead-bound"; ``reason`` says why, from the numbers."""
+    "overhead-bound"; ``reason`` says why, from the numbers. It prints as its name, so a
+    table cell can format it directly (``f"{regime(...):15s}"``)."""
     name: str
     reason: str
     of_roofline: float        # measured time / roofline (1.0 = at the bound)
 
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
 
 def regime(measured_s: float, memory_s: float, compute_s: float, near: float = NEAR) -> Regime:
-    """Name the regime of a step measured in ``measured_s`` whose memory bound (bytes /
-    bandwidth) is ``memory_s`` and compute bound (FLOPs / FLOP rate) is ``compute_s``.
+    """Name the regime of a step measured in ``measured_s`` whose memory floor (bytes /
+    bandwidth) is ``memory_s`` and compute floor (FLOPs / FLOP rate) is ``compute_s``: the
+    one rule for the whole course.
 
-    Within ``near`` x of the larger bound, the step is bound by that resource; further off,
-    the time goes to per-operation costs the bounds do not count (Python, dispatch, kernel
-    launches, kernels that read or compute slowly): overhead-bound."""
-    if measured_s <= 0 or memory_s <= 0 or compute_s <= 0:
-        raise ValueError("times must be positive seconds, got "
-                         f"{measured_s!r}, {memory_s!r}, {compute_s!r}")
-    roof = max(memory_s, compute_s)
-    ratio = measured_s / roof
+    Within ``near`` x of the larger floor (the roofline), the step is bound by that resource;
+    further off, neither its bytes nor its FLOPs at the machine's best rates set the time but
+    per-operation costs (Python, dispatch, kernel launches) or a kernel slower than the
+    machine's best: overhead-bound. The floor convention: a floor is never negative, and the
+    memory floor is 0 when the bytes fit in the last-level cache (reads that need not reach
+    memory, :func:`tinyserve.workbook.scale_sweeps.step_floors`); not both floors are 0."""
+    if not (measured_s > 0 and memory_s >= 0 and compute_s >= 0 and max(memory_s, compute_s) > 0):
+        raise ValueError("the time must be positive seconds and the floors non-negative, one "
+                         f"of them positive; got {measured_s!r}, {memory_s!r}, {compute_s!r}")
+    memory = memory_s >= compute_s
+    ratio = measured_s / max(memory_s, compute_s)
+    floor = "the time to read its bytes" if memory else "the time of its FLOPs"
     if ratio > near:
         return Regime("overhead-bound",
-                      f"it takes {ratio:.1f}x its roofline (the larger bound), so the time goes "
-                      "to neither bytes nor FLOPs at this machine's rates but to costs the "
-                      "bounds do not count: dispatch, launches, kernels slower than the "
-                      "machine's best", ratio)
-    if memory_s >= compute_s:
+                      f"{ratio:.1f}x {floor}, more than {near:g}x: not its bytes or FLOPs at "
+                      "this machine's best rates but per-operation costs (Python, dispatch, "
+                      "kernel launches) or a kernel slower than the machine's best set the time",
+                      ratio)
+    if memory:
         return Regime("memory-bound",
-                      f"it takes {ratio:.1f}x its memory bound, and moving its bytes takes "
-                      f"{memory_s / compute_s:.1f}x as long as its FLOPs: it waits for bytes", ratio)
-    return Regime("compute-bound",
-                  f"it takes {ratio:.1f}x its compute bound, and its FLOPs take "
-                  f"{compute_s / memory_s:.1f}x as long as moving its bytes: it waits for "
-                  "arithmetic", ratio)
+                      f"{ratio:.1f}x {floor}, which take {memory_s / compute_s:.1f}x as long as "
+                      "its FLOPs: it waits for bytes", ratio)
+    other = ("its bytes fit in the last-level cache" if memory_s == 0 else
+             f"which take {compute_s / memory_s:.1f}x as long as reading its bytes")
+    return Regime("compute-bound", f"{ratio:.1f}x {floor}, {other}: it waits for arithmetic",
+                  ratio)
+
+
+def describe_regime(measured_s: float, memory_s: float, compute_s: float,
+                    near: float = NEAR) -> str:
+    """:func:`regime` in a sentence: its name, then its reason in parentheses, e.g.
+    "memory-bound (1.4x the time to read its bytes, which take 9.0x as long as its FLOPs: it
+    waits for bytes)"."""
+    r = regime(measured_s, memory_s, compute_s, near)
+    return f"{r.name} ({r.reason})"
 
 
 def regime_of(cost: DecodeCost, measured_s: float, bandwidth: float, flop_rate: float,
@@ -210,17 +232,15 @@ def prefill_cost(model: torch.nn.Module, tokens: int) -> DecodeCost:
 def prefill_seconds(model: torch.nn.Module, prompts: Tensor, repeats: int = 3) -> float:
     """Seconds of one prefill of ``prompts`` (B, T) into a fresh cache: the fastest of
     ``repeats`` after one warm-up (other programs only ever slow a run down)."""
-    from ..generate import clock, prefill
+    from ..generate import prefill
     from ..kv_cache import KVCache
     B, T = prompts.shape
-    best = float("inf")
-    for r in range(repeats + 1):
-        cache = KVCache.for_model(model, B, T)
-        start = clock(prompts.device)
-        prefill(model, prompts, cache)
-        if r:
-            best = min(best, clock(prompts.device) - start)
-    return best
+    fresh: list[KVCache] = []                  # the cache of the next run, made untimed
+
+    def new_cache() -> None:
+        fresh[:] = [KVCache.for_model(model, B, T)]
+    return min(timings(lambda: prefill(model, prompts, fresh[0]), prompts.device, repeats,
+                       setup=new_cache))
 
 
 def roofline_point(cost: DecodeCost, measured_s: float) -> tuple[float, float]:

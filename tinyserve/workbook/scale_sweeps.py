@@ -3,26 +3,28 @@ bandwidth-scale model (:mod:`tinyserve.scale`), side by side, against this machi
 ceilings.
 
 Each sweep returns plain numbers (seconds, rows); the chapters print them, draw them and name
-the regime from them with :func:`regime`. Timings are the fastest of a few runs, for the
-reason :func:`tinyserve.roofline.memory_bandwidth` gives: other programs only ever slow a run
-down. Tests (``tests/test_scale_sweeps.py``) check shapes and invariants at a small size,
-never a time.
+the regime from them with :func:`regime` (the course's one rule, from
+:mod:`tinyserve.workbook.roofline_lab`, re-exported here with :func:`describe_regime`).
+Timings are the fastest of a few runs of :func:`tinyserve.device.timings`, for the reason
+:func:`tinyserve.roofline.memory_bandwidth` gives: other programs only ever slow a run down.
+Tests (``tests/test_scale_sweeps.py``) check shapes and invariants at a small size, never a time.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from .. import roofline
 from ..config import ModelConfig
-from ..generate import clock, decode_step, prefill
+from ..device import timings
+from ..generate import decode_step, prefill
 from ..kv_cache import KVCache
 from ..roofline import CEILING_MATMUL_N  # noqa: F401 - the chapters read it from here too
-from ..roofline import decode_cost, eager_step_seconds, flop_ceiling, matmul_flops, read_bandwidth
-from .roofline_lab import NEAR, cache_bytes
+from ..roofline import decode_cost, flop_ceiling, matmul_flops, read_bandwidth
+from .roofline_lab import cache_bytes
+from .roofline_lab import describe_regime, regime  # noqa: F401 - chapters 2 and 3 import them here
 
 
 @dataclass(frozen=True)
@@ -62,21 +64,6 @@ def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.floa
     return Ceilings(read.best, read.fastest_way, rate, torch.get_num_threads())
 
 
-def fastest_seconds(fn: Callable[[], Any], device: torch.device | str, repeats: int = 3,
-                    setup: Callable[[], Any] | None = None) -> float:
-    """The fastest of ``repeats`` timed calls of ``fn`` (``setup`` runs before each, untimed),
-    through :func:`tinyserve.generate.clock`, which waits for a GPU to finish first."""
-    device = torch.device(device)
-    times = []
-    for _ in range(repeats):
-        if setup is not None:
-            setup()
-        start = clock(device)
-        fn()
-        times.append(clock(device) - start)
-    return min(times)
-
-
 def recompute_flops(cfg: ModelConfig, context: int) -> float:
     """FLOPs of a forward pass over ``context + 1`` tokens (the step at position ``context``
     without a cache): token ``i`` attends over ``i`` earlier positions."""
@@ -114,10 +101,10 @@ def cache_vs_recompute(model: torch.nn.Module, contexts: list[int], repeats: int
     prefill(model, ids[:, :longest], cache)
     out = []
     for n in contexts:
-        recompute = fastest_seconds(lambda: model(ids[:, :n + 1]), device, repeats)
+        recompute = min(timings(lambda: model(ids[:, :n + 1]), device, repeats, warmup=0))
         position = torch.tensor([n], device=device)
-        cached = fastest_seconds(lambda: decode_step(model, ids[:, n], position, cache), device,
-                                 repeats, setup=lambda: cache.rewind([n]))
+        cached = min(timings(lambda: decode_step(model, ids[:, n], position, cache), device,
+                             repeats, warmup=0, setup=lambda: cache.rewind([n])))
         out.append(CacheTiming(n, recompute, cached))
     return out[::-1]
 
@@ -144,44 +131,15 @@ def recompute_floors(model: torch.nn.Module, ceilings: Ceilings, context: int,
             recompute_flops(model.config, context) / ceilings.flop_rate)
 
 
-def regime(seconds: float, memory_s: float, compute_s: float, overhead: float = NEAR) -> str:
-    """Which bound a measured time sits at: ``overhead-bound`` when it is more than
-    ``overhead`` times both floors (per-call dispatch and small kernels, which neither floor
-    counts), else whichever floor is the larger (``memory-bound`` or ``compute-bound``).
-    The threshold is chapter 1's (:data:`tinyserve.workbook.roofline_lab.NEAR`); unlike
-    :func:`tinyserve.workbook.roofline_lab.regime` a floor may be 0 (bytes that fit in the
-    last-level cache, :func:`step_floors`)."""
-    if seconds > overhead * max(memory_s, compute_s):
-        return "overhead-bound"
-    return "memory-bound" if memory_s >= compute_s else "compute-bound"
-
-
-#: Why each regime is the one it is, for the sentences the chapters print under a measurement.
-REASONS = {
-    "memory-bound": "reading its bytes sets the time",
-    "compute-bound": "its FLOPs set the time",
-    "overhead-bound": "fixed per-call costs (Python, dispatching small operations) set the time, "
-                      "not bytes or FLOPs",
-}
-
-
-def describe_regime(seconds: float, memory_s: float, compute_s: float) -> str:
-    """:func:`regime` with how far above its floor the time sits and the reason, for a sentence:
-    "memory-bound (1.4x the time to read its bytes: reading its bytes sets the time)"."""
-    name = regime(seconds, memory_s, compute_s)
-    floor, what = ((memory_s, "the time to read its bytes") if memory_s >= compute_s
-                   else (compute_s, "its FLOP floor"))
-    return f"{name} ({seconds / floor:.1f}x {what}: {REASONS[name]})"
-
-
 def row_sweep(model: torch.nn.Module, rows: list[int], context: int = 16, steps: int = 4,
               repeats: int = 3, seed: int = 0) -> dict[int, float]:
     """Seconds per eager decode step at each batch size in ``rows`` (each row with
-    ``context`` prompt tokens): :func:`tinyserve.roofline.eager_step_seconds`, ``steps``
+    ``context`` seeded random prompt tokens): :func:`tinyserve.roofline.row_sweep`, ``steps``
     steps a run, the fastest of ``repeats`` runs."""
     ids = torch.randint(6, model.config.vocab_size, (max(rows), context),
                         generator=torch.Generator().manual_seed(seed)).to(model.device)
-    return {B: eager_step_seconds(model, ids[:B], n=steps, repeats=repeats) for B in rows}
+    sweep = roofline.row_sweep(model, ids, rows, n=steps, repeats=repeats)
+    return {B: point.eager_s for B, point in sweep.items()}
 
 
 @torch.inference_mode()
@@ -199,8 +157,7 @@ def linear_seconds(rows: list[int], out_features: int = 16384, in_features: int 
     out = {}
     for r in rows:
         x = torch.randn(r, in_features, generator=g).to(device=device, dtype=dtype)
-        F.linear(x, weight)
-        out[r] = fastest_seconds(lambda: F.linear(x, weight), device, repeats)
+        out[r] = min(timings(lambda: F.linear(x, weight), device, repeats))   # after a warm-up
     return out
 
 
