@@ -58,12 +58,13 @@ _TIMED_THROUGH = {"tinyserve.roofline": ("tinyserve/roofline.py", "tinyserve/dev
                   "in_turns": ("bench/common.py",)}
 
 
-@pytest.mark.parametrize("suite", [s for s in SUITES if (ROOT / "bench" / f"{s.suite}.py").exists()],
+@pytest.mark.parametrize("suite", [s for s in SUITES
+                                   if (ROOT / "bench" / f"{s.suite}.py").exists()],
                          ids=lambda s: s.suite)
 def test_a_suite_goes_stale_when_the_code_that_times_it_changes(suite) -> None:
     text = (ROOT / "bench" / f"{suite.suite}.py").read_text()
-    needed = {p for name, paths in _TIMED_THROUGH.items() if re.search(rf"\b{re.escape(name)}\b", text)
-              for p in paths}
+    needed = {p for name, paths in _TIMED_THROUGH.items()
+              if re.search(rf"\b{re.escape(name)}\b", text) for p in paths}
     missing = sorted(needed - set(suite.sources))
     assert not missing, f"bench {suite.suite} times through {missing}, not among its sources"
 

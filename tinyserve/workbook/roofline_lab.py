@@ -10,10 +10,11 @@ ipywidgets.
 Below the lab, the helpers the chapters use to hold a *measured* step against the same
 roofline (chapters 1 and 6b put the shipped model, which fits in a cache, and the
 bandwidth-scale model of :mod:`tinyserve.scale`, which does not, side by side):
-:func:`regime` names what bounds a step from its measured time and its two floors, the one rule
-every chapter's computed sentence follows (:func:`describe_regime` puts it in a sentence); :func:`cache_bytes` is the cache a model must
-outgrow; :func:`prefill_cost` and :func:`prefill_seconds` put prefill on the roofline next to
-a decode step; :func:`plot_roofline` draws the roof with measured points on it.
+:func:`regime` names what bounds a step from its measured time and its two floors, the one
+rule every chapter's computed sentence follows (:func:`describe_regime` puts it in a sentence);
+:func:`cache_bytes` is the cache a model must outgrow; :func:`prefill_cost` and
+:func:`prefill_seconds` put prefill on the roofline next to a decode step;
+:func:`plot_roofline` draws the roof with measured points on it.
 """
 from __future__ import annotations
 
