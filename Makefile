@@ -209,7 +209,7 @@ train: $(VENV)/.stamp-base
 	$(PY) -m tinyserve train --preset draft
 
 # ---- Benchmarks (README: "Benchmarks") -----------------------------------------------------
-# make bench   every CPU suite in turn (bench/run_all.py lists them; peers runs on its own),
+# make bench   every CPU suite in turn (each file of bench/suites/ but peers, which runs on its own),
 #              each in its own process with one thread, into bench/results/: each new report
 #              is compared with the one it replaces (regressions marked) before it is moved
 #              in; then the ledger is rendered into README.md and bench/results/README.md.

@@ -122,8 +122,10 @@ _ENGINE = ("tinyserve/engine.py", "tinyserve/scheduler.py", "tinyserve/block_man
 _TIMERS = ("tinyserve/device.py", "bench/common.py")
 _STEP = ("tinyserve/generate.py", "tinyserve/kv_cache.py", "tinyserve/model.py", *_TIMERS)
 _COST_MODEL = ("tinyserve/simulator.py", "tinyserve/assets/cost_model.json")
+#: What the serving-engine suites share (a workload run through the engine, its figures).
+_ENGINE_RUNS = "bench/suites/_engine_runs.py"
 #: What bench scale times: the suite, the scale model and the code each of its figures runs.
-_SCALE_SOURCES = ("bench/scale.py", "tinyserve/scale.py", "tinyserve/roofline.py",
+_SCALE_SOURCES = ("bench/suites/scale.py", "tinyserve/scale.py", "tinyserve/roofline.py",
                   "tinyserve/backends/compiled.py", "tinyserve/backends/static.py",
                   "tinyserve/quant.py", "tinyserve/speculative.py",
                   "tinyserve/draft_replay.py", "tinyserve/parallel", *_STEP)
@@ -134,15 +136,15 @@ _PCT = "{:.1%}"
 #: than the defaults are the spread ((max - min) / mean) of the runs in bench/results/runs/
 #: plus the headline run, rounded up: hf over five runs, decode over three.
 SUITES: tuple[SuiteHeadlines, ...] = (
-    SuiteHeadlines("kv", ("bench/kv.py", *_STEP), (
+    SuiteHeadlines("kv", ("bench/suites/kv.py", *_STEP), (
         Headline("cache_speedup_256"), Headline("cache_speedup_512"))),
-    SuiteHeadlines("hf", ("bench/hf.py", "bench/plain_loop.py", "tinyserve/hf_export.py",
-                          "tinyserve/roofline.py", *_STEP), (
+    SuiteHeadlines("hf", ("bench/suites/hf.py", "bench/suites/_plain_loop.py",
+                          "tinyserve/hf_export.py", "tinyserve/roofline.py", *_STEP), (
         Headline("vs_hf_generate_b1", goal=Goal("at_least", 1.5), band=0.11),   # issue 16
         Headline("vs_hf_generate_b8", goal=Goal("at_least", 1.5), band=0.08),   # issue 16
         Headline("plain_loop_vs_ours_b1", better="lower", band=0.15),
         Headline("decode_roofline_fraction", fmt="{:.2f}", band=0.37))),        # two hosts
-    SuiteHeadlines("decode", ("bench/decode.py", "tinyserve/backends/compiled.py",
+    SuiteHeadlines("decode", ("bench/suites/decode.py", "tinyserve/backends/compiled.py",
                               "tinyserve/backends/static.py", "tinyserve/roofline.py",
                               *_STEP, *_ENGINE, *_COST_MODEL), (
         Headline("decode_mbu_b1_eager", fmt="{:.2f}", band=0.05),
@@ -153,28 +155,29 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("compile_s", fmt="{:.1f} s", better="lower", band=0.40),
         *(Headline(f"engine_vs_cost_model_{r}", fmt="{:.2f}", goal=_WITHIN_20,
                    value=_engine_vs_model(r)) for r in (16, 32, 64)))),
-    SuiteHeadlines("batching", ("bench/batching.py", "bench/engine_runs.py", *_ENGINE), (
+    SuiteHeadlines("batching", ("bench/suites/batching.py", _ENGINE_RUNS, *_ENGINE), (
         Headline("continuous_vs_static_throughput"),)),
-    SuiteHeadlines("paged", ("bench/paged.py", *_ENGINE, *_COST_MODEL), (
+    SuiteHeadlines("paged", ("bench/suites/paged.py", *_ENGINE, *_COST_MODEL), (
         Headline("paged_waste_fraction", fmt=_PCT, better="lower", band=EXACT_BAND),
         Headline("contiguous_waste_fraction", fmt=_PCT, better=None, band=EXACT_BAND))),
-    SuiteHeadlines("prefix", ("bench/prefix.py", "bench/engine_runs.py", *_ENGINE), (
+    SuiteHeadlines("prefix", ("bench/suites/prefix.py", _ENGINE_RUNS, *_ENGINE), (
         Headline("prefix_ttft_speedup"),)),
-    SuiteHeadlines("chunked", ("bench/chunked.py", "bench/engine_runs.py", "tinyserve/policies.py",
+    SuiteHeadlines("chunked", ("bench/suites/chunked.py", _ENGINE_RUNS, "tinyserve/policies.py",
                                *_ENGINE, *_COST_MODEL), (
         Headline("chunked_p99_itl_improvement"),
         Headline("size_aware_p99_ttft_improvement", band=EXACT_BAND))),
-    SuiteHeadlines("quant", ("bench/quant.py", "tinyserve/quant.py", *_STEP), (
+    SuiteHeadlines("quant", ("bench/suites/quant.py", "tinyserve/quant.py", *_STEP), (
         Headline("int8_weight_memory_ratio", band=EXACT_BAND),
         Headline("int8_kv_memory_ratio", band=EXACT_BAND),
         Headline("int8_val_loss_delta", fmt="{:.3%}", better=None),
         Headline("int8_decode_speedup"))),
-    SuiteHeadlines("parallel", ("bench/parallel.py", "tinyserve/parallel", "tinyserve/model.py"), (
+    SuiteHeadlines("parallel", ("bench/suites/parallel.py", "tinyserve/parallel",
+                                "tinyserve/model.py"), (
         Headline("tp2_speedup_decode"),
         Headline("tp2_allreduce_share", fmt="{:.0%}", better="lower"),
         Headline("tp2_speedup_prefill"),
         Headline("pp_bubble_measured", fmt="{:.2f}", better="lower"))),
-    SuiteHeadlines("spec", ("bench/spec.py", "tinyserve/speculative.py",
+    SuiteHeadlines("spec", ("bench/suites/spec.py", "tinyserve/speculative.py",
                                 "tinyserve/backends/spec_graphs.py", "tinyserve/backends/static.py",
                                 *_STEP), (
         Headline("spec_speedup_k4", goal=Goal("at_least", 1.5)),                 # issue 31
@@ -182,11 +185,12 @@ SUITES: tuple[SuiteHeadlines, ...] = (
                  goal=Goal("at_least", 0.85), value=_spec_measured_vs_predicted),
         Headline("spec_acceptance_k4", fmt="{:.2f}", band=EXACT_BAND),
         Headline("ngram_speedup_k4", goal=Goal("at_least", 2.0)))),               # issue 31
-    SuiteHeadlines("serve", ("bench/serve.py", "tinyserve/serving", "tinyserve/loadgen",
+    SuiteHeadlines("serve", ("bench/suites/serve.py", "tinyserve/serving", "tinyserve/loadgen",
                              *_ENGINE, *_COST_MODEL), (
         Headline("goodput_knee_vs_overload", fmt="{:.2f}x"),
         Headline("sim_shape_routing_p99_ttft_improvement", band=EXACT_BAND))),
-    SuiteHeadlines("peers", ("bench/peers.py", "tinyserve/serving", "tinyserve/loadgen", *_ENGINE), (
+    SuiteHeadlines("peers", ("bench/suites/peers.py", "tinyserve/serving", "tinyserve/loadgen",
+                             *_ENGINE), (
         Headline("server_vs_transformers_output_throughput_prefix_on_c4"),
         Headline("server_vs_transformers_p50_ttft_ms_prefix_on_c4", better="lower"),
         # The load generator's brief: it keeps as many requests in the server as guidellm,

@@ -17,17 +17,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import SUITES
+from . import SUITES, setting
 from .compare import load_report, render
 from .machine_load import busy_threshold, load_average
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
-#: Every suite that needs only this checkout and a CPU. Not peers: it needs `make peers`
-#: (two more venvs) and runs its own servers for about 15 minutes; run it on its own.
-CPU_SUITES = ("kv", "decode", "hf", "batching", "paged", "prefix", "chunked", "quant",
-              "parallel", "spec", "serve", "scale")
+#: Every suite that needs only this checkout and a CPU: each file of bench/suites/ but those
+#: that say ``BENCH_ALL = False`` (peers: it needs `make peers` and runs on its own).
+CPU_SUITES = tuple(s for s in SUITES if setting(s, "BENCH_ALL", True))
 
 #: One thread per process for every math library torch may call, set before the process
 #: starts (OpenMP reads it once): the house rule for side-by-side ratios.

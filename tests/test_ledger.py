@@ -59,10 +59,10 @@ _TIMED_THROUGH = {"tinyserve.roofline": ("tinyserve/roofline.py", "tinyserve/dev
 
 
 @pytest.mark.parametrize("suite", [s for s in SUITES
-                                   if (ROOT / "bench" / f"{s.suite}.py").exists()],
+                                   if (ROOT / "bench" / "suites" / f"{s.suite}.py").exists()],
                          ids=lambda s: s.suite)
 def test_a_suite_goes_stale_when_the_code_that_times_it_changes(suite) -> None:
-    text = (ROOT / "bench" / f"{suite.suite}.py").read_text()
+    text = (ROOT / "bench" / "suites" / f"{suite.suite}.py").read_text()
     needed = {p for name, paths in _TIMED_THROUGH.items()
               if re.search(rf"\b{re.escape(name)}\b", text) for p in paths}
     missing = sorted(needed - set(suite.sources))
@@ -91,7 +91,7 @@ def repo(tmp_path: Path) -> Path:
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "config", "user.email", "t@example.com")
     _git(tmp_path, "config", "user.name", "t")
-    for path in ("bench/spec.py", "tinyserve/speculative.py", "tinyserve/generate.py"):
+    for path in ("bench/suites/spec.py", "tinyserve/speculative.py", "tinyserve/generate.py"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("def step(x):\n    return x + 1  # why\n")
     (tmp_path / "bench/results").mkdir(parents=True)

@@ -73,6 +73,107 @@ def test_tinyserve_never_imports_bench() -> None:
                        f"the reverse; move what tinyserve needs into tinyserve")
 
 
+#: Folders that are not the house's code: the suites themselves, the tests (they import what
+#: they test), virtual environments, caches and build output.
+NOT_BENCH_IMPORTERS = {"bench", "tests", "build", "node_modules"}
+
+
+def bench_importers(root: Path = ROOT) -> list[str]:
+    """``file:line`` of every import of ``bench`` (lazy ones included) or ``-m bench...``
+    string in the house's Python files and notebooks outside bench/ and tests/, but the CLI's
+    bench command in ``tinyserve/__main__.py``."""
+    import os
+    files = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if not (d.startswith(".") or d.endswith(".egg-info") or (
+            here == root and d in NOT_BENCH_IMPORTERS))]
+        files += [here / n for n in names if n.endswith((".py", ".ipynb"))]
+    found = []
+    for path in sorted(files):
+        rel = path.relative_to(root)
+        if path.suffix == ".ipynb":
+            import json
+            cells = json.loads(path.read_text()).get("cells", [])
+            text = "\n".join("".join(c.get("source", [])) for c in cells
+                             if c.get("cell_type") == "code")
+            found += [f"{rel}: {m.group(0)!r}" for m in re.finditer(
+                r"^\s*(?:from\s+bench\b|import\s+bench\b).*", text, re.M)]
+            continue
+        allowed: set[int] = set()
+        tree = ast.parse(path.read_text())
+        if rel == Path("tinyserve", "__main__.py"):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef) and node.name in CLI_BENCH_FUNCTIONS:
+                    allowed |= {n.lineno for n in ast.walk(node) if hasattr(n, "lineno")}
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else bench_named_by(node.value)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                     else [])
+            if any(n == "bench" or n.startswith("bench.") for n in names) \
+                    and node.lineno not in allowed:
+                found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def bench_named_by(text: str) -> list[str]:
+    """The bench modules a string starts: an argv element (``"bench.suites.peers"``) or a
+    command line (``"python -m bench.gpu_check"``)."""
+    whole = re.fullmatch(r"bench(?:\.\w+)+", text)
+    return [whole.group(0)] if whole else re.findall(r"-m\s+(bench(?:\.\w+)*)\b", text)
+
+
+def test_only_the_cli_imports_bench() -> None:
+    """bench sits above everything it measures: only the ``bench`` verb of
+    ``tinyserve/__main__.py`` imports it (autograder, hub, the notebooks and tinyserve never)."""
+    found = bench_importers()
+    assert not found, (f"{found} import bench: only tinyserve/__main__.py's bench command may; "
+                       f"move what they need out of bench (into tinyserve) or call the CLI")
+
+
+def test_bench_importers_are_found_at_every_depth(tmp_path: Path) -> None:
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "a.py").write_text(
+        "def f():\n    from bench.common import table\n"
+        "CMD = ['python', '-m', 'bench.suites.peers']\n")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "b.py").write_text("import bench\n")
+    assert bench_importers(tmp_path) == ["hub/a.py:2", "hub/a.py:3"]
+
+
+def test_every_suite_file_is_a_suite_the_cli_lists_and_runs() -> None:
+    """bench/suites/NAME.py is ``bench NAME``: the CLI lists exactly the files there (no
+    table to drift), each has ``run(json_path, quick)``, a description, a ledger entry, and
+    no suite is named like one of the CLI's other verbs."""
+    import contextlib
+    import importlib
+    import inspect
+    import io
+
+    import bench
+    from bench.cli import VERBS
+    from bench.headlines import BY_SUITE
+    from tinyserve.__main__ import main
+
+    files = sorted(p.stem for p in (ROOT / "bench" / "suites").glob("*.py")
+                   if not p.name.startswith("_"))
+    assert files and sorted(bench.SUITES) == files
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
+        main(["bench", "--help"])
+    listed = re.search(r"one of:\s+(.*?)\n\s*paths", help_text.getvalue(), re.S)
+    assert listed, help_text.getvalue()
+    assert [n for n in re.split(r",\s*", listed.group(1).strip()) if n not in VERBS] == files
+    assert not set(files) & set(VERBS)
+    for name in files:
+        module = importlib.import_module(f"bench.suites.{name}")
+        assert {"json_path", "quick"} <= set(inspect.signature(module.run).parameters), name
+        assert bench.SUITES[name], f"bench/suites/{name}.py needs a module docstring"
+        assert name in BY_SUITE, f"bench {name} has no headlines in bench/headlines.py"
+
+
 #: A function longer than this holds more than one idea (the house style's limit).
 MAX_FUNCTION_LINES = 80
 

@@ -1,4 +1,4 @@
-"""The peers bench (bench/peers.py) without its peers: argument handling, the message that
+"""The peers bench (bench/suites/peers.py) without its peers: argument handling, the message that
 names ``make peers``, the report's shape, and how guidellm's JSON report is read. The real
 comparisons need ``make peers`` and minutes; they stay out of the test suite (their results
 are in bench/results/peers.*)."""
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import peers
+from bench.suites import peers
 
 
 def _stats(p50: float, mean: float, count: int = 2) -> dict:
@@ -17,7 +17,7 @@ def _stats(p50: float, mean: float, count: int = 2) -> dict:
 
 
 def _guidellm_report(streams: int) -> dict:
-    """The fields of a guidellm 0.8 JSON report that bench.peers reads, one benchmark."""
+    """The fields of a guidellm 0.8 JSON report that bench.suites.peers reads, one benchmark."""
     timings = [{"request_start": 10.0, "first_token_iteration": 10.012},
                {"request_start": 20.0, "first_token_iteration": 20.016}]
     return {"benchmarks": [{

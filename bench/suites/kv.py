@@ -28,7 +28,7 @@ from tinyserve.generate import decode_step, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 
-from .common import load_bench_model, median_seconds, report, table, write_json
+from ..common import load_bench_model, median_seconds, report, table, write_json
 
 def _model(quick: bool, device: torch.device) -> tuple[TinyLlama, str]:
     return load_bench_model(quick, device)

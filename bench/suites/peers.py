@@ -1,6 +1,6 @@
 """Our load generator and our server, each held against a peer no one here wrote.
 
-``python -m tinyserve bench peers`` runs both comparisons; ``python -m bench.peers --peer
+``python -m tinyserve bench peers`` runs both comparisons; ``python -m bench.suites.peers --peer
 guidellm`` (or ``transformers``) runs one. The peers live in their own venvs under
 ``.venv-peers/`` (``make peers`` installs them from the package index, CPU torch first); at
 run time nothing leaves loopback and no weights are downloaded: every tool reads the folder
@@ -60,10 +60,13 @@ from tinyserve.loadgen.generator import Result, run_load, run_metrics
 from tinyserve.loadgen.prompts import Prompt, harbor_prompts
 from tinyserve.serving.local_servers import free_port, local_server, server_processes, wait_healthy
 
-from .common import report, table, write_json
+from ..common import report, table, write_json
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PEERS = ("guidellm", "transformers")
+#: Not in ``bench all``: it needs ``make peers`` (two more venvs) and runs its own servers for
+#: about 15 minutes; run it on its own.
+BENCH_ALL = False
 MODES = ("completions", "chat")
 CONCURRENCY = (1, 4)
 REQUESTS = 16                      # per run: enough for a stable median at concurrency 1
@@ -427,7 +430,7 @@ def _peer_versions(exes: dict[str, Path | None]) -> dict[str, str | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.suites.peers", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peer", choices=[*PEERS, "all"], default="all",
                         help="which comparison to run (default: both)")

@@ -40,7 +40,7 @@ from tinyserve.roofline import (bounds_seconds, decode_cost, flop_ceiling, matmu
                                 read_bandwidth, row_sweep)
 from tinyserve.tokenizer import load_tokenizer
 
-from .common import load_bench_model, report, table, write_json
+from ..common import load_bench_model, report, table, write_json
 
 def _prompts(model: TinyLlama, batch: int, length: int) -> list[list[int]]:
     """``batch`` sample tickets of exactly ``length`` tokens (a short one is repeated)."""

@@ -28,7 +28,7 @@ from tinyserve.paged import PagedKVCache
 from tinyserve.simulator import CostModel, serve, simulated_engine
 from tinyserve.workload import LogNormal, describe, make_workload
 
-from .common import report, table, write_json
+from ..common import report, table, write_json
 
 BLOCK_SIZE = 16
 

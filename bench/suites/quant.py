@@ -34,7 +34,7 @@ from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
 from tinyserve.quant import Int8KVCache, quality, quantize_model, validation_windows, weight_bytes
 
-from .common import QUICK_CONFIG, in_turns, load_bench_model, report, sync, table, write_json
+from ..common import QUICK_CONFIG, in_turns, load_bench_model, report, sync, table, write_json
 
 def _base(quick: bool, device: torch.device) -> tuple[TinyLlama, str]:
     return load_bench_model(quick, device)

@@ -35,8 +35,8 @@ from typing import Any
 from tinyserve.engine import EngineConfig
 from tinyserve.workload import LogNormal, Uniform, describe, make_workload
 
-from .common import report, table, write_json
-from .engine_runs import bench_model, figures, run_engine, threads_note
+from ..common import report, table, write_json
+from ._engine_runs import bench_model, figures, run_engine, threads_note
 
 
 def static_vs_continuous(model: Any, specs: list[Any], slots: int,

@@ -15,7 +15,7 @@ from tinyserve.sequence import Sequence as Seq
 from tinyserve.simulator import completed_traces, serve
 from tinyserve.workload import RequestSpec
 
-from .common import load_bench_model
+from ..common import load_bench_model
 
 
 def bench_model(quick: bool) -> tuple[TinyLlama, str]:

@@ -61,8 +61,11 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
-from .common import QUICK_CONFIG, interleaved_seconds, report, table, write_json
+from ..common import QUICK_CONFIG, interleaved_seconds, report, table, write_json
 
+#: Cores a run keeps busy (its tensor-parallel part runs two ranks): the load average after
+#: it is judged less these.
+OWN_THREADS = 2
 ROWS = (1, 2, 4, 8, 16, 32)
 QUICK_ROWS = (1, 4)
 K = 4                 # draft tokens per speculative step (the issue's k)
@@ -501,7 +504,7 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
 def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
     """For each ratio that misses its goal (:mod:`bench.headlines`), a sentence computed from
     the measurements next to it: what they show, not only the number."""
-    from .headlines import headline
+    from ..headlines import headline
     missed = {name for name, value in ratios.items()
               if (h := headline("scale", name)) is not None and h.goal is not None
               and not h.goal.met(value)}
@@ -602,7 +605,7 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
 
 
 def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, str]) -> None:
-    from .headlines import headline
+    from ..headlines import headline
     rows = []
     for name, value in ratios.items():
         h = headline("scale", name)

@@ -35,10 +35,12 @@ from tinyserve.model import TinyLlama
 from tinyserve.parallel.timing import pp_bench_worker, tp_bench_worker
 from tinyserve.parallel.pipeline import bubble_formula, measured_bubble
 
-from .common import QUICK_CONFIG as COMMON_QUICK
-from .common import load_bench_model, report, table, write_json
+from ..common import QUICK_CONFIG as COMMON_QUICK
+from ..common import load_bench_model, report, table, write_json
 
 WORLD = 2
+#: Cores a run keeps busy (two ranks): the load average after it is judged less these.
+OWN_THREADS = WORLD
 # Heads of 16 numbers: the tiny model split over 2 ranks still has whole heads on each.
 QUICK_CONFIG = replace(COMMON_QUICK, hidden_size=64, intermediate_size=128)
 

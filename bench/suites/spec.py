@@ -47,7 +47,7 @@ from tinyserve.sampling import SamplingParams
 from tinyserve.speculative import (Drafter, ModelDrafter, NGramDrafter, expected_tokens_per_pass,
                                    predicted_speedup, speculative_generate)
 
-from .common import (in_turns, interleaved_seconds, median_seconds, report, sync, table,
+from ..common import (in_turns, interleaved_seconds, median_seconds, report, sync, table,
                      write_json)
 
 KS = (2, 4, 6)

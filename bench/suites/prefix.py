@@ -17,8 +17,8 @@ from typing import Any
 from tinyserve.engine import Engine, EngineConfig
 from tinyserve.workload import Uniform, make_workload, prompt_ids
 
-from .common import report, table, write_json
-from .engine_runs import bench_model, threads_note
+from ..common import report, table, write_json
+from ._engine_runs import bench_model, threads_note
 
 
 def _serve_one_by_one(model, prompts: list[list[int]], caching: bool, max_tokens: int):

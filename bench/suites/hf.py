@@ -18,7 +18,7 @@ TPOT at batch 1). ``decode_roofline_fraction`` = floor / achieved: 1.0 would be
 bandwidth-bound; far below it, per-step overheads dominate. (On a CPU a 25 MB model partly
 fits in the last-level cache, so a floor from a read far past the cache is a conservative one.)
 
-**Yardstick**: :mod:`bench.plain_loop`, greedy decoding in one plain function over the same
+**Yardstick**: :mod:`bench.suites._plain_loop`, greedy decoding in one plain function over the same
 weights (no modules, no cache class, no mask), timed in the same run and asserted to give
 the same tokens. ``plain_loop_vs_ours_bN`` = our time / its time: how much of our step is
 the engine's generality rather than arithmetic (1.0: none).
@@ -45,9 +45,12 @@ from tinyserve.model import TinyLlama
 from tinyserve.roofline import read_bandwidth
 from tinyserve.tokenizer import load_tokenizer
 
-from .common import (QUICK_CONFIG, interleaved_seconds, load_bench_model, median_ratio, report,
+from ..common import (QUICK_CONFIG, interleaved_seconds, load_bench_model, median_ratio, report,
                      table, write_json)
-from .plain_loop import plain_greedy
+from ._plain_loop import plain_greedy
+
+#: ``bench hf --compile`` times our side with the compiled decode step.
+COMPILABLE = True
 
 
 def _model(quick: bool) -> tuple[TinyLlama, str]:

@@ -24,8 +24,8 @@ from tinyserve.metrics import percentile, summarize
 from tinyserve.simulator import CostModel, completed_traces, serve, simulated_engine
 from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
 
-from .common import report, table, write_json
-from .engine_runs import bench_model, figures, run_engine, threads_note
+from ..common import report, table, write_json
+from ._engine_runs import bench_model, figures, run_engine, threads_note
 
 
 def gaps_during_long_prefills(seqs: list, long_ids: set[int]) -> list[float]:

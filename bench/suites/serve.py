@@ -35,7 +35,7 @@ from tinyserve.serving.routing import POLICIES, make_router, prompt_router, simu
 from tinyserve.simulator import CostModel
 from tinyserve.workload import Fixed, Mixture, Uniform, describe, make_workload
 
-from .common import report, table, write_json
+from ..common import report, table, write_json
 
 SLO = Objectives(ttft_ms=500.0, tpot_ms=50.0)
 # --quick only checks that the suite runs: its SLO is loose enough that a busy test machine
