@@ -45,22 +45,7 @@ def test_every_module_is_on_the_readme_layout_table() -> None:
 def bench_imports() -> list[str]:
     """``file:line`` of every import of ``bench`` in the package, outside the CLI's bench
     command (the one front door that runs the suites; no library module may need them)."""
-    found = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        tree = ast.parse(path.read_text())
-        allowed: set[int] = set()
-        if path.name == "__main__.py" and len(path.relative_to(PACKAGE).parts) == 1:
-            for node in ast.walk(tree):
-                if isinstance(node, ast.FunctionDef) and node.name in CLI_BENCH_FUNCTIONS:
-                    allowed |= {n.lineno for n in ast.walk(node) if hasattr(n, "lineno")}
-        for node in ast.walk(tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
-                     else [])
-            if any(n == "bench" or n.startswith("bench.") for n in names) \
-                    and node.lineno not in allowed:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    return found
+    return [f for f in bench_importers() if f.startswith(f"{PACKAGE.name}/")]
 
 
 #: The CLI's ``bench`` command: the only code in ``tinyserve`` that may import ``bench``.

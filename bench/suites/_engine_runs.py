@@ -1,4 +1,4 @@
-"""What the serving-engine suites (batching, paged, prefix, chunked) share: the model, a run
+"""What the serving-engine suites (batching, prefix, chunked) share: the model, a run
 of a workload through the engine, and the latency figures of that run."""
 from __future__ import annotations
 
