@@ -19,12 +19,15 @@ LAB_IP       ?= 127.0.0.1
 LAB_ROOT     ?= $(CURDIR)
 LAB_START    ?= START_HERE.ipynb
 PYTEST_ARGS  ?=
+# `make test` runs the suite on this many pytest-xdist workers, one test file per worker at a
+# time (a file's module fixtures are built once); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help peers \
-        collect autograde feedback export grade-bench check gpu-wheels gpu-check torch-floor
+        collect autograde feedback export grade-bench check gpu-wheels gpu-check torch-floor torch-floor-venv
 
 help:
 	@echo "make lab     open the course in JupyterLab (http://$(LAB_IP):$(LAB_PORT))"
@@ -118,7 +121,7 @@ lab-plugin: $(VENV)/.stamp-base
 	  "$$("$(abspath $(PY))" -c 'import jupyterlab, os; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')" .
 
 test: $(VENV)/.stamp-test system-deps hub-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The browser tests alone: a learner and an instructor in JupyterLab (screenshots: artifacts/e2e/).
 e2e: $(VENV)/.stamp-test system-deps hub-deps
@@ -185,7 +188,7 @@ peers:
 	@echo "peers ready in $(PEERS_DIR)/: run .venv/bin/python -m tinyserve bench peers"
 
 # ---- The torch floor (README: "On a GPU") ------------------------------------------------
-# make torch-floor   a throwaway venv (FLOOR_VENV, made anew) with the oldest torch the package
+# make torch-floor   a throwaway venv (FLOOR_VENV; kept once made: rm it for a new one) with the oldest torch the package
 #                    index has at or above pyproject's floor, the plain package (the runtime),
 #                    then tests/smoke_paths.py: every decoding path on the shipped models, each
 #                    path's tokens checked against plain generate. From PyPI on x86-64 Linux that
@@ -193,13 +196,19 @@ peers:
 #                    CPU); TORCH_INDEX="--index-url .../whl/cpu" takes a CPU build where reachable.
 FLOOR_VENV ?= .venv-floor
 
-torch-floor:
+# The venv and its torch alone (the download, most of the time): CI starts it beside `make test`.
+torch-floor-venv: $(FLOOR_VENV)/.stamp-torch
+
+$(FLOOR_VENV)/.stamp-torch:
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
 	@v=$$($(FLOOR_VENV)/bin/python tests/smoke_paths.py --lowest-torch) || exit 1; \
 	echo "torch-floor: torch==$$v, the oldest the index has at or above pyproject's floor"; \
-	$(FLOOR_VENV)/bin/python -m pip install -q $(TORCH_INDEX) "torch==$$v" || exit 1; \
+	$(FLOOR_VENV)/bin/python -m pip install -q $(TORCH_INDEX) "torch==$$v" || exit 1
+	touch $@
+
+torch-floor: $(FLOOR_VENV)/.stamp-torch
 	$(FLOOR_VENV)/bin/python -m pip install -q .
 	rm -rf build
 	cd $(FLOOR_VENV) && OMP_NUM_THREADS=2 TINYSERVE_DEVICE=cpu ./bin/python $(CURDIR)/tests/smoke_paths.py
