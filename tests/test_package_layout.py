@@ -283,6 +283,68 @@ def test_the_names_the_kernel_is_started_by_exist() -> None:
             for f in KERNEL_FILES} == set(KERNEL_MODULES)
 
 
+def private_names_crossing(package: Path = GRADER) -> list[str]:
+    """``file:line module._name`` wherever a module of ``package`` takes another module's
+    private name: ``from x import _y`` (at any depth, relative or not) or ``x._y`` where ``x``
+    names another module of the package. Dunders are not private."""
+    root = package.parent
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    private = re.compile(r"_(?!_)\w*")
+    found = []
+    for name, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text())
+        here = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        aliases: dict[str, str] = {}   # a local name -> the module of the package it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                aliases.update({a.asname or a.name: a.name for a in node.names
+                                if a.name in modules and a.asname})
+            elif isinstance(node, ast.ImportFrom):
+                base = here.split(".")[:len(here.split(".")) - node.level + 1] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names:
+                    if f"{module}.{a.name}" in modules:
+                        aliases[a.asname or a.name] = f"{module}.{a.name}"
+                    elif module in modules and module != name and private.fullmatch(a.name):
+                        found.append(f"{path.relative_to(root)}:{node.lineno} {module}.{a.name}")
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and private.fullmatch(node.attr)):
+                continue
+            dotted, value = [], node.value
+            while isinstance(value, ast.Attribute):
+                dotted.insert(0, value.attr)
+                value = value.value
+            if not isinstance(value, ast.Name):
+                continue
+            module = ".".join([aliases.get(value.id, value.id), *dotted])
+            if module in modules and module != name:
+                found.append(f"{path.relative_to(root)}:{node.lineno} {module}.{node.attr}")
+    return found
+
+
+def test_no_module_of_the_autograder_takes_another_modules_private_name() -> None:
+    """A name a second module uses is part of its module's interface: it is public, and its
+    docstring says who uses it (issue 39: sandbox.die_with_parent, wire.tensor_node)."""
+    found = private_names_crossing()
+    assert not found, f"make these public (and say who uses them): {found}"
+
+
+def test_private_names_are_found_imported_and_through_a_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "autograder"
+    (pkg / "runner").mkdir(parents=True)
+    for f in ("__init__.py", "runner/__init__.py", "runner/sandbox.py"):
+        (pkg / f).write_text("def _die():\n    pass\n")
+    (pkg / "runner" / "worker.py").write_text(
+        "from .sandbox import _die\nfrom autograder.runner import sandbox as s\n"
+        "import autograder.runner.sandbox\n"
+        "def f():\n    s._die()\n    autograder.runner.sandbox._die()\n    s.__name__\n")
+    assert private_names_crossing(pkg) == [
+        "autograder/runner/worker.py:1 autograder.runner.sandbox._die",
+        "autograder/runner/worker.py:5 autograder.runner.sandbox._die",
+        "autograder/runner/worker.py:6 autograder.runner.sandbox._die"]
+
+
 # ------------------------------------------------------------------ tinyserve's backends
 
 #: The loops: they run the steps, and each chooses eager or a backend for its step.

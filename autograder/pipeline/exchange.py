@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.pipeline.collect import MAX_FILE_MB, MAX_STUDENT_MB, _copy_capped, over_cap, write_notes
+from autograder.pipeline.collect import MAX_FILE_MB, MAX_STUDENT_MB, copy_capped, over_cap, write_notes
 from autograder.pipeline.course import Course, CourseError, ensure_in_gradebook, release, safe_name
 from autograder.submitted.shown import shown
 
@@ -345,7 +345,7 @@ def _copy_submission(course: Course, assignment: str, student: str, src: Path) -
             target.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as f, open(target, "wb") as out:
-                _copy_capped(f, out, MAX_FILE_MB * 2**20)
+                copy_capped(f, out, MAX_FILE_MB * 2**20)
     if (dest / TIMESTAMP).exists():
         shutil.copy(dest / TIMESTAMP, private / TIMESTAMP)
     write_notes(dest, left_out)

@@ -439,8 +439,8 @@ def _internal_error(job: Job, e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    from autograder.runner.sandbox import _die_with_parent
-    _die_with_parent()  # a coordinator that dies takes its workers, and so their kernels, along
+    from autograder.runner.sandbox import die_with_parent
+    die_with_parent()  # a coordinator that dies takes its workers, and so their kernels, along
     job = Job(**json.loads(Path(argv[0]).read_text()))
     try:
         limit_worker(job.worker_memory_mb, worker_cpu_seconds(job))

@@ -95,10 +95,11 @@ def _tensor_bytes(t) -> tuple[str, list[int], str]:
     return str(t.dtype).removeprefix("torch."), list(t.shape), base64.b64encode(raw).decode()
 
 
-def _tensor_node(t) -> list:
+def tensor_node(t) -> list:
     """A tensor's [dtype, shape, bytes], and its device when it is not on the CPU: the tests
     build their inputs on the learner's DEVICE and the learner's code must get them there
-    (a cache made on cuda written with keys that arrived on the CPU mixes devices)."""
+    (a cache made on cuda written with keys that arrived on the CPU mixes devices).
+    runner.channel sends a tensor the kernel's cache holds with it too."""
     node = list(_tensor_bytes(t))
     return node + [str(t.device)] if t.device.type != "cpu" else node
 
@@ -206,7 +207,7 @@ class Encoder:
         if torch is not None and t in (torch.Tensor, torch.nn.Parameter):
             self._spend(obj.numel() * obj.element_size())
             node = self.on_tensor(obj) if self.on_tensor is not None else None
-            return node if node is not None else {"$tensor": _tensor_node(obj)}
+            return node if node is not None else {"$tensor": tensor_node(obj)}
         if torch is not None and t is torch.device:
             return {"$device": str(obj)}
         if torch is not None and t is torch.dtype:

@@ -105,7 +105,10 @@ class GraderOverran(BaseException):
     time: the grader's limit, reported as the grader's, never the learner's."""
 
 
-def _cap(text: str, n: int = MESSAGE_CAP) -> str:
+def cap_text(text: str, n: int = MESSAGE_CAP) -> str:
+    """``text`` as a string of at most ``n`` characters (and a `` [...]`` mark where cut), its
+    invalid UTF-8 replaced: the names and error texts the channel reports; runner.trusted
+    caps the errors it reports with it too."""
     text = str(text).encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= n else text[:n] + " [...]"
 
@@ -409,7 +412,7 @@ class Channel:
                 raise AttributeError(f"{name!r} is not lent to your code")
             return '{"ok":' + self._encoder.dumps(value) + "}"
         except Exception as e:  # noqa: BLE001 - the learner's call failed: theirs to see
-            return json.dumps({"error": [type(e).__name__, _cap(e)]})
+            return json.dumps({"error": [type(e).__name__, cap_text(e)]})
 
     def end(self) -> None:
         """Close the kernel's serving loop (after each trusted cell)."""
@@ -464,7 +467,7 @@ class Channel:
             module, name, message = (str(x) for x in err)
         except (TypeError, ValueError):
             module, name, message = "", "Error", ""
-        name, message = _cap(name, 80), _cap(message)
+        name, message = cap_text(name, 80), cap_text(message)
         known = (self.namespace.exception_classes().get(name)
                  if self.namespace is not None and module != "builtins" else None)
         builtin = getattr(builtins, name, None) if module == "builtins" else None
@@ -527,9 +530,9 @@ class Constants:
         number = kept[2]
         if number in self._sent:
             return {"$c": number}
-        from autograder.protocol.wire import _tensor_node
+        from autograder.protocol.wire import tensor_node
         self._pending.add(number)
-        return {"$cset": [number, {"$tensor": _tensor_node(t)}]}
+        return {"$cset": [number, {"$tensor": tensor_node(t)}]}
 
     def begin(self) -> None:
         self._pending = set()
@@ -667,7 +670,7 @@ class TemplateNameUnbound(NameError):
     student's to choose), so the test fails."""
 
     def __init__(self, name: str):
-        super().__init__(f"`{_cap(name, 80)}` belongs to the assignment's own cells, which did "
+        super().__init__(f"`{cap_text(name, 80)}` belongs to the assignment's own cells, which did "
                          "not define it (a read-only cell above failed; see the notes)", name=name)
 
 

@@ -280,13 +280,13 @@ def launch(connection_file: str) -> None:
     --die-with-parent, or PR_SET_PDEATHSIG without bwrap), and it dies with the grader.
     """
     spec = SandboxSpec.from_env(os.environ["AUTOGRADER_SANDBOX"])
-    _die_with_parent()
+    die_with_parent()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - replaced by exec
         os.close(read_end)
         os.set_inheritable(write_end, True)
-        _die_with_parent()
+        die_with_parent()
         _exec_kernel(spec, connection_file, write_end)
     os.close(write_end)
     _copy_audit(read_end, spec.audit_log, pid)
@@ -328,8 +328,9 @@ def _copy_audit(fd: int, path: str, kernel_pid: int) -> None:
     os.close(fd)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG)."""
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (PR_SET_PDEATHSIG). The sandbox's
+    own processes call it, and so does pipeline.worker (a dead coordinator takes its workers)."""
     import ctypes
     import signal
     try:

@@ -16,7 +16,7 @@ import nbformat
 
 from autograder.runner.result import CellResult
 from autograder.runner.channel import Channel, GraderOverran, KernelLost, StudentTimeout, TemplateNameUnbound, \
-    TestNamespace, _cap
+    TestNamespace, cap_text
 from autograder.submitted.scan import to_python
 
 OUTPUT_CAP = 100_000
@@ -58,12 +58,12 @@ class TrustedRunner:
         if source.strip():
             self.student_sources.append(source)
         if error:
-            self.student_errors.append((source, _cap(error, 300)))
+            self.student_errors.append((source, cap_text(error, 300)))
 
     def flag(self, text: str) -> None:
         """A review signal from a test (what the learner's source reads): listed for the
         instructor with the submission, never a verdict."""
-        text = _cap(text, 400)
+        text = cap_text(text, 400)
         if text not in self.review_flags:
             self.review_flags.append(text)
 
@@ -108,7 +108,8 @@ class TrustedRunner:
         except GraderOverran as e:
             return f"{label} (read-only): the grader's own work ran past the cell's time: {e}"
         except Exception as e:  # noqa: BLE001 - reported, never fatal
-            return f"{label} (read-only) failed in the test runner: {type(e).__name__}: {_cap(e)}"
+            return (f"{label} (read-only) failed in the test runner: {type(e).__name__}: "
+                    f"{cap_text(e)}")
         finally:
             self.channel.deadline = float("inf")
             self._end()
@@ -166,13 +167,13 @@ def _failure(e: BaseException, student_errors: list[tuple[str, str]] = ()):
         name = getattr(e, "name", None) or str(e)
         errors = [err for source, err in student_errors if str(name) in source]
         raised = f" (the cell of yours that defines it raised {errors[-1]})" if errors else ""
-        return CellResult("error", "NotAnswered", f"`{_cap(name, 80)}` is not defined: "
+        return CellResult("error", "NotAnswered", f"`{cap_text(name, 80)}` is not defined: "
                           f"run (or write) the answer cell that defines it{raised}")
     if student:
-        return CellResult("error", _cap(student, 80), _cap(e), student=True)
+        return CellResult("error", cap_text(student, 80), cap_text(e), student=True)
     if isinstance(e, (KeyboardInterrupt, SystemExit)):
         return CellResult("error", type(e).__name__, "the test was stopped")
-    return CellResult("error", type(e).__name__, _cap(e, 2000))
+    return CellResult("error", type(e).__name__, cap_text(e, 2000))
 
 
 def _outputs(text: str, result) -> list:

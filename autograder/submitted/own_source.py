@@ -27,7 +27,7 @@ import types
 from collections.abc import Mapping
 
 from autograder.protocol.contract import KERNEL_LIBRARIES
-from autograder.submitted.scan import _safe_magic, global_names, to_python
+from autograder.submitted.scan import safe_magic, global_names, to_python
 
 REFERENCE = "tinyserve"
 # Names that reach other names at run time: code that uses them cannot be read for what it
@@ -171,7 +171,7 @@ def _bind(source: str, out: dict, depth: int = 0) -> None:
         for name, node in _bound_by(stmt):
             out[name] = (node, text)
         for sub in ast.walk(stmt) if depth < 4 else ():
-            magic = _safe_magic(sub)
+            magic = safe_magic(sub)
             for code in magic[1] if magic is not None else ():
                 _bind(code, out, depth + 1)
 

@@ -101,7 +101,7 @@ def scan_cell(source: str, cell: str, protected: dict[str, str]) -> list[Finding
         return []  # it will fail when run; nothing it contains can execute
     scanner = _Scanner(cell, protected)
     for node in ast.walk(tree):
-        magic = _safe_magic(node)
+        magic = safe_magic(node)
         if magic is not None:
             scanner.allowed_shell.add(id(magic[0]))
             for code_arg in magic[1]:
@@ -216,9 +216,10 @@ class _Scanner(ast.NodeVisitor):
             self.add(node, f"edits `{sub.value.id}[...]`, which the test code relies on")
 
 
-def _safe_magic(node: ast.AST) -> tuple[ast.Name, list[str]] | None:
+def safe_magic(node: ast.AST) -> tuple[ast.Name, list[str]] | None:
     """For ``get_ipython().run_line_magic('timeit', 'f(x)')`` and the like: the get_ipython
-    name node and the code strings the magic will run; None for anything else."""
+    name node and the code strings the magic will run; None for anything else. own_source
+    reads the magics of a learner's cells with it too."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
             and node.func.attr in ("run_line_magic", "run_cell_magic")
             and isinstance(node.func.value, ast.Call)
