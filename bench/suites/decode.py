@@ -2,7 +2,7 @@
 
 Per-token time of a decode step (the sampled token fed back, as in generation), measured
 for the eager model (:func:`~tinyserve.generate.decode_step` on the contiguous KV cache) and
-for the compiled step (:mod:`tinyserve.compiled`), next to the bounds of
+for the compiled step (:mod:`tinyserve.backends.compiled`), next to the bounds of
 :mod:`tinyserve.roofline`: the bytes a step must read over the measured read bandwidth (the fastest of three ways,
 :func:`~tinyserve.roofline.read_bandwidth`: the course's one reference), and its FLOPs over
 the FLOP ceiling (:func:`~tinyserve.roofline.flop_ceiling`).

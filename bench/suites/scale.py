@@ -96,7 +96,7 @@ def fastest_mode(device: torch.device, quick: bool) -> dict[str, Any]:
 
 
 class VerifyDecoder(CompiledDecoder):
-    """:class:`~tinyserve.compiled.CompiledDecoder` whose compiled pass takes several tokens
+    """:class:`~tinyserve.backends.compiled.CompiledDecoder` whose compiled pass takes several tokens
     per row (B, T) at positions (B, T) and returns all their logits (B, T, vocab): a
     speculative verify pass on the static cache, compiled like a decode step."""
 
