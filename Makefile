@@ -26,7 +26,7 @@ TEST_WORKERS ?= 2
 # JupyterLab refuses to run as root unless told; in a container or CI we usually are root.
 ROOT_FLAG    := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help peers \
+.PHONY: lab lab-instructor lab-plugin hub hub-deps test e2e venv system-deps train bench release clean help peers peers-llamacpp \
         collect autograde feedback export grade-bench check gpu-wheels gpu-check torch-floor torch-floor-venv
 
 help:
@@ -37,7 +37,7 @@ help:
 	@echo "make hub     a class on JupyterHub: accounts, exchange, hub (as root; README)"
 	@echo "make train   retrain the shipped models (target and draft)"
 	@echo "make bench   every CPU benchmark suite into bench/results/, then the README's ledger"
-	@echo "make peers   install guidellm and transformers serve (own venvs) for bench peers"
+	@echo "make peers   install guidellm, transformers serve and llama.cpp (own venvs) for bench peers / llamacpp"
 	@echo "make torch-floor   the oldest supported torch in a throwaway venv: every decoding path once"
 
 # The stamp depends on pyproject.toml, so a changed dependency list reinstalls.
@@ -185,7 +185,38 @@ $(PEERS_DIR)/%/.stamp:
 peers:
 	@$(MAKE) --no-print-directory $(PEERS_DIR)/guidellm/.stamp PEER_SPEC="$(GUIDELLM_SPEC)"
 	@$(MAKE) --no-print-directory $(PEERS_DIR)/transformers/.stamp PEER_SPEC="$(TRANSFORMERS_SPEC)"
-	@echo "peers ready in $(PEERS_DIR)/: run .venv/bin/python -m tinyserve bench peers"
+	@$(MAKE) --no-print-directory peers-llamacpp
+	@echo "peers ready in $(PEERS_DIR)/: run .venv/bin/python -m tinyserve bench peers (and bench llamacpp)"
+
+# llama.cpp for `python -m tinyserve bench llamacpp`: llama-cpp-python built from its source
+# distribution for this CPU (a plain CPU build, -march=native; no llava, tools or tests): about
+# 15-35 minutes on 2 cores, most of it llama.cpp's C++. Its GGUF converter ships in the same
+# source (vendor/llama.cpp: convert_hf_to_gguf.py with conversion/ and its own gguf-py/) and is
+# unpacked into $(LLAMACPP_DIR)/convert; the suite runs it in $(VENV) (it needs torch and
+# transformers, which `make bench`'s venv has), so this venv holds llama-cpp-python only.
+LLAMACPP_SPEC    ?= llama-cpp-python==0.3.36
+LLAMACPP_CMAKE   ?= -DLLAVA_BUILD=OFF -DGGML_BLAS=OFF -DLLAMA_BUILD_TESTS=OFF \
+                    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+LLAMACPP_DIR     := $(PEERS_DIR)/llamacpp
+LLAMACPP_VENDOR  := '*/vendor/llama.cpp/convert_hf_to_gguf.py' '*/vendor/llama.cpp/conversion/*' \
+                    '*/vendor/llama.cpp/gguf-py/*'
+
+peers-llamacpp: $(LLAMACPP_DIR)/.stamp
+
+$(LLAMACPP_DIR)/.stamp:
+	@mkdir -p $(PEERS_DIR)
+	@test -x $(LLAMACPP_DIR)/bin/python || $(PYTHON) -m venv $(LLAMACPP_DIR)
+	$(LLAMACPP_DIR)/bin/python -m pip install -q --upgrade pip
+	rm -rf $(LLAMACPP_DIR)/sdist $(LLAMACPP_DIR)/convert
+	$(LLAMACPP_DIR)/bin/python -m pip download -q --no-deps --no-binary :all: \
+	  -d $(LLAMACPP_DIR)/sdist "$(LLAMACPP_SPEC)"
+	@echo "building llama-cpp-python from source (15-35 minutes on 2 cores) ..."
+	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	  $(LLAMACPP_DIR)/bin/python -m pip install -q $(LLAMACPP_DIR)/sdist/llama_cpp_python-*.tar.gz
+	mkdir -p $(LLAMACPP_DIR)/convert
+	tar -xzf $(LLAMACPP_DIR)/sdist/llama_cpp_python-*.tar.gz -C $(LLAMACPP_DIR)/convert \
+	  --strip-components=3 --wildcards $(LLAMACPP_VENDOR)
+	@touch $@
 
 # ---- The torch floor (README: "On a GPU") ------------------------------------------------
 # make torch-floor   a throwaway venv (FLOOR_VENV; kept once made: rm it for a new one) with the oldest torch the package

@@ -129,6 +129,11 @@ _SCALE_SOURCES = ("bench/suites/scale.py", "tinyserve/scale.py", "tinyserve/roof
                   "tinyserve/backends/compiled.py", "tinyserve/backends/static.py",
                   "tinyserve/quant.py", "tinyserve/speculative.py",
                   "tinyserve/draft_replay.py", "tinyserve/parallel", *_STEP)
+#: What bench llamacpp times on our side: the scale model exported by our writer, its fastest
+#: compiled step, the eager loop, fbgemm int8 (llama.cpp's own version is in the report).
+_LLAMACPP_SOURCES = ("bench/suites/llamacpp.py", "tinyserve/hf_export.py", "tinyserve/scale.py",
+                     "tinyserve/roofline.py", "tinyserve/backends/compiled.py",
+                     "tinyserve/backends/static.py", "tinyserve/quant.py", *_STEP)
 _WITHIN_20 = Goal("within", 0.20)   # issue 16: the engine's step within 20% of the cost model
 _PCT = "{:.1%}"
 
@@ -211,6 +216,14 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("scale_tp2_decode_speedup"),
         Headline("scale_cache_speedup_512"),
         Headline("scale_prefill_tokens_per_step", fmt="{:.1f}"))),
+    # Issue 37's peer on the same weights: ours / llama.cpp's, one thread each, in turns
+    # (bench llamacpp: not in bench all, it needs `make peers`).
+    SuiteHeadlines("llamacpp", _LLAMACPP_SOURCES, (
+        Headline("scale_fast_vs_llamacpp_f32_decode", goal=Goal("at_most", 0.9)),
+        Headline("scale_int8_vs_llamacpp_q8_decode", goal=Goal("at_most", 1.0)),
+        Headline("scale_int8_agreement_vs_llamacpp_q8", fmt="{:.2f}",
+                 goal=Goal("at_least", 1.0), band=EXACT_BAND),   # seeded prompts, greedy
+        Headline("scale_prefill_vs_llamacpp_f32", goal=Goal("at_most", 1.0)))),
 )
 
 BY_SUITE: dict[str, SuiteHeadlines] = {s.suite: s for s in SUITES}

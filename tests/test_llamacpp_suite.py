@@ -1,0 +1,91 @@
+"""bench llamacpp's pure parts, without llama.cpp: the token agreement count, the ratios from
+per-round times, the notes on missed goals, and what the suite says (and does not write) when
+``make peers`` has not built the peer. Seconds; nothing is timed or converted."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.headlines import BY_SUITE
+from bench.suites import llamacpp
+
+RATIOS = ("scale_fast_vs_llamacpp_f32_decode", "scale_int8_vs_llamacpp_q8_decode",
+          "scale_int8_agreement_vs_llamacpp_q8", "scale_prefill_vs_llamacpp_f32")
+
+
+def test_agreement_counts_leading_tokens_only() -> None:
+    assert llamacpp.leading_agreement([1, 2, 3, 4], [1, 2, 3, 4]) == 4
+    assert llamacpp.leading_agreement([1, 2, 3, 4], [1, 9, 3, 4]) == 1   # later matches: noise
+    assert llamacpp.leading_agreement([1, 2], [7, 2]) == 0
+    assert llamacpp.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 0], [4, 5, 6]]) == 5
+    with pytest.raises(ValueError, match="2 reference runs against 1"):
+        llamacpp.agreement([[1], [2]], [[1]])
+
+
+def _times() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    decode = {"fast": [8.0, 9.0, 30.0], "eager": [12.0, 12.0, 12.0], "int8": [5.0, 5.0, 5.0],
+              "llamacpp_f32": [10.0, 10.0, 10.0], "llamacpp_q8_0": [4.0, 5.0, 2.0]}
+    prefill = {"fp32": [2.0, 2.0, 2.0], "int8": [1.0, 1.0, 1.0],
+               "llamacpp_f32": [1.0, 4.0, 2.0], "llamacpp_q8_0": [1.0, 1.0, 1.0]}
+    return decode, prefill
+
+
+def test_ratios_are_ours_over_theirs_median_of_same_round_pairs() -> None:
+    decode, prefill = _times()
+    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 30, "llamacpp_q8_0": 40,
+                                                       "llamacpp_f32": 128})
+    assert set(RATIOS) <= set(ratios)
+    assert ratios["scale_fast_vs_llamacpp_f32_decode"] == pytest.approx(0.9)   # 0.8 0.9 3.0
+    assert ratios["scale_int8_vs_llamacpp_q8_decode"] == pytest.approx(1.25)   # 1.25 1 2.5
+    assert ratios["scale_prefill_vs_llamacpp_f32"] == pytest.approx(1.0)       # 2 0.5 1
+    assert ratios["scale_int8_agreement_vs_llamacpp_q8"] == pytest.approx(0.75)
+    assert llamacpp.median_pair_ratio([1.0, 3.0], [1.0, 1.0]) == 2.0           # even: the mean
+    # q8_0 kept nothing: no ratio to divide out (the counts stay in the report)
+    none = llamacpp.compute_ratios(decode, prefill, {"int8": 3, "llamacpp_q8_0": 0})
+    assert "scale_int8_agreement_vs_llamacpp_q8" not in none
+
+
+def test_the_ledger_declares_the_four_ratios_with_goals() -> None:
+    entry = BY_SUITE["llamacpp"]
+    assert [h.name for h in entry.headlines] == list(RATIOS)
+    assert all(h.goal is not None for h in entry.headlines)
+    goals = {h.name: h.goal for h in entry.headlines}
+    assert goals["scale_fast_vs_llamacpp_f32_decode"].met(0.9)
+    assert not goals["scale_fast_vs_llamacpp_f32_decode"].met(0.91)
+    assert goals["scale_int8_agreement_vs_llamacpp_q8"].met(1.0)
+    assert not goals["scale_int8_agreement_vs_llamacpp_q8"].met(0.9)
+    assert "bench/suites/llamacpp.py" in entry.sources
+    assert "tinyserve/hf_export.py" in entry.sources
+
+
+def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
+    decode, prefill = _times()
+    kept = {"int8": 30, "llamacpp_q8_0": 40, "llamacpp_f32": 128}
+    ratios = llamacpp.compute_ratios(decode, prefill, kept)
+    m = {"decode_s": decode, "prefill_s": prefill,
+         "tokens": {"leading_tokens_kept": kept, "possible": 128}}
+    notes = llamacpp.explain(ratios, m, [1.8, 2.1])
+    assert set(notes) == {"scale_int8_vs_llamacpp_q8_decode",
+                          "scale_int8_agreement_vs_llamacpp_q8", "load"}
+    assert "kept 30 leading ones" in notes["scale_int8_agreement_vs_llamacpp_q8"]
+    assert "not a quiet machine" in notes["load"]
+    assert "load" not in llamacpp.explain(ratios, m, [0.2, 0.4])
+
+
+def test_without_the_peer_the_suite_says_make_peers_and_writes_nothing(
+        tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TINYSERVE_PEERS_DIR", str(tmp_path / "peers"))
+    out = tmp_path / "llamacpp.json"
+    out.write_text(json.dumps({"suite": "llamacpp", "kept": True}))
+    with pytest.raises(SystemExit) as stop:
+        llamacpp.run(json_path=str(out))
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "make peers" in err and "no venv at" in err and "Nothing was measured" in err
+    assert json.loads(out.read_text()) == {"suite": "llamacpp", "kept": True}   # lost nothing
+
+
+def test_a_venv_without_the_converter_is_named() -> None:
+    message = llamacpp.missing_message("no converter at X")
+    assert "no converter at X" in message and "15-35 minutes" in message
