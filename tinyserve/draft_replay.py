@@ -67,17 +67,18 @@ class ReplayDrafter:
     which proposals are wrong. ``strict``: raise :class:`ScriptDiverged` when the committed
     text leaves the script (else record the position in ``diverged_at`` and go on).
     ``graph``: the draft passes on static buffers, CUDA graphs on a GPU (the default there,
-    as :class:`~tinyserve.speculative.ModelDrafter`'s).
+    as :class:`~tinyserve.speculative.ModelDrafter`'s); ``fast``: the draft passes on the
+    fast path (:mod:`tinyserve.backends.fast`), as ``ModelDrafter``'s.
     """
 
     def __init__(self, draft: TinyLlama, script: list[int], a: float, *, seed: int = 0,
-                 strict: bool = True, graph: bool | None = None) -> None:
+                 strict: bool = True, graph: bool | None = None, fast: bool = False) -> None:
         if not 0 <= a <= 1:
             raise ValueError(f"a is a probability of acceptance, in [0, 1]; got {a}")
         if not script:
             raise ValueError("the script is empty: build it with greedy_script(target, "
                              "prompt_ids, max_tokens)")
-        self.inner = ModelDrafter(draft, graph=graph)
+        self.inner = ModelDrafter(draft, graph=graph, fast=fast)
         self.script, self.a, self.seed, self.strict = list(script), a, seed, strict
         self.vocab = draft.config.vocab_size
         self.rng = random.Random(seed)

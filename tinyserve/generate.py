@@ -16,7 +16,10 @@ step for a few tokens per row, is what speculative decoding adds: it runs on the
 
 The loops choose the decode backend (:mod:`tinyserve.backends`: a step on fixed buffers,
 captured as a CUDA graph or compiled); :func:`generate_compiled` is the static-batch loop
-over the compiled step. A backend never runs a loop.
+over the compiled step. A backend never runs a loop. ``fast=True`` asks the loops for the
+fastest path this machine has (:mod:`tinyserve.backends.fast`: the compiled step with the
+fastest settings on a CPU, the CUDA graphs on a GPU); :func:`prepare` compiles the shapes a
+run needs up front, with a progress bar.
 """
 from __future__ import annotations
 
@@ -29,13 +32,14 @@ from torch import Tensor
 from .kv_cache import KVCache
 from .metrics import RequestTrace
 from .model import TinyLlama
+from .paths import cache_dir
 from .device import clock, upload  # noqa: F401 - clock: notebooks import it from here
 from .prompts import PromptError, check_prompt  # noqa: F401 - the loops' callers import them here
 from .sampling import SamplingParams, sample, sample_rows, sample_with
 
 __all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
            "extend", "decode_step", "generate_stream", "generate", "generate_batch",
-           "generate_compiled", "clock"]
+           "generate_compiled", "prepare", "clock"]
 
 
 @torch.no_grad()
@@ -120,11 +124,44 @@ def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor | None,
                   cache)[:, -1]
 
 
-def _admit(model: TinyLlama, tokens: int, use_cache: bool, compile: bool, graph: bool) -> tuple:
+def _fast_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,
+               use_cache: bool) -> tuple[bool, bool | None]:
+    """(compile, graph) for ``fast``: on CUDA the graphs, elsewhere the compiled step (with
+    the fastest settings, which the caller passes on); contradictions named, both sides."""
+    if not fast:
+        return compile, graph
+    if not use_cache:
+        raise ValueError("fast=True needs the KV cache: drop use_cache=False (--no-cache) or fast")
+    if compile:
+        raise ValueError("fast=True and compile=True both choose the decode path: fast already "
+                         "compiles on a CPU (max-autotune, frozen weights) and replays CUDA "
+                         "graphs on a GPU; pass one of them")
+    cuda = device.type == "cuda"
+    if graph is False or (graph and not cuda):
+        raise ValueError(f"fast=True and graph={graph} contradict on {device.type}: the fast "
+                         f"path is {'the CUDA graph' if cuda else 'the compiled step'} here "
+                         f"(graph=True on a CPU runs the static buffers eagerly); pass one of them")
+    return not cuda, True if cuda else False
+
+
+def prepare(model: TinyLlama, shapes, *, progress: bool = True) -> list:
+    """Compile (on CUDA: capture) the fast path's ``shapes`` up front, a progress bar and a
+    line per shape; return their costs in seconds (:func:`tinyserve.backends.fast.prepare`,
+    whose ``Shape``, ``verify_shape`` and ``draft_shape`` name them). The kernels go to the
+    persistent cache (:func:`tinyserve.paths.cache_dir`), so a second run reads them."""
+    from .backends import fast
+    return fast.prepare(model, shapes, progress=progress, cache=cache_dir())
+
+
+def _admit(model: TinyLlama, tokens: int, use_cache: bool, compile: bool, graph: bool,
+           fast: bool = False) -> tuple:
     """Admission of one request: its KV memory reserved (prompt + output slots) on the decode
     path asked for: (compiled decoder, graph decoder, cache), the unused ones None."""
     decoder = graphed = None
-    if compile:
+    if compile and fast:
+        from .backends.fast import fast_decoder
+        decoder = fast_decoder(model, 1, tokens, cache=cache_dir())
+    elif compile:
         from .backends.compiled import compiled_decoder
         decoder = compiled_decoder(model, 1, tokens=tokens)
     elif graph:
@@ -140,7 +177,7 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
                     sampling: SamplingParams = SamplingParams(),
                     stop_ids: tuple[int, ...] = (), use_cache: bool = True,
                     trace: RequestTrace | None = None, compile: bool = False,
-                    graph: bool | None = None) -> Iterator[int]:
+                    graph: bool | None = None, fast: bool = False) -> Iterator[int]:
     """Yield up to ``max_tokens`` new tokens as they are sampled; record timestamps in
     ``trace`` if given (its ``arrival`` is kept, so a caller can stamp it when the request
     really arrived). Stops after a stop token (yielded) or at the end of the context window.
@@ -153,6 +190,12 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     :mod:`tinyserve.backends.compiled` instead (a static cache and a
     ``torch.compile``-d step; the first request pays the compile time).
 
+    ``fast=True``: the fastest path here (:mod:`tinyserve.backends.fast`): on a CPU it is
+    ``compile`` with the fastest settings (max-autotune, frozen weights, kernels kept on
+    disk across runs), on CUDA it is ``graph``. It excludes ``compile``, ``graph=False``,
+    ``graph=True`` on a CPU and ``use_cache=False`` (a ValueError names both sides). Tokens
+    are the eager path's; :func:`prepare` compiles its shapes ahead of the first request.
+
     A step reads one value back from the device: the sampled token, which the host needs
     anyway (to yield it and to stop). Positions come from the host's count.
     """
@@ -161,6 +204,7 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     if graph and (compile or not use_cache):
         raise ValueError("graph decoding needs the KV cache and no --compile")
     device = model.device
+    compile, graph = _fast_path(device, fast, compile, graph, use_cache)
     if graph is None:
         graph = use_cache and not compile and device.type == "cuda"
     if trace is None:
@@ -169,7 +213,8 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     window = model.config.max_position_embeddings
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
-    decoder, graphed, cache = _admit(model, len(prompt_ids) + steps, use_cache, compile, graph)
+    decoder, graphed, cache = _admit(model, len(prompt_ids) + steps, use_cache, compile, graph,
+                                     fast)
     generator = sampling.generator(device)
     ids = torch.tensor([prompt_ids], device=device)
     trace.admitted = clock(device)
@@ -215,12 +260,12 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
 def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
              sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
              use_cache: bool = True, compile: bool = False,
-             graph: bool | None = None) -> RequestTrace:
+             graph: bool | None = None, fast: bool = False) -> RequestTrace:
     """Run :func:`generate_stream` to the end; the trace holds the tokens and timestamps."""
     trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(model.device))
     for _ in generate_stream(model, prompt_ids, max_tokens, sampling=sampling,
                              stop_ids=stop_ids, use_cache=use_cache, trace=trace,
-                             compile=compile, graph=graph):
+                             compile=compile, graph=graph, fast=fast):
         pass
     return trace
 
@@ -228,7 +273,8 @@ def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
 @torch.no_grad()
 def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
                    sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
-                   use_cache: bool = True, graph: bool | None = None) -> list[list[int]]:
+                   use_cache: bool = True, graph: bool | None = None,
+                   fast: bool = False) -> list[list[int]]:
     """Static batching: every prompt advances one token per step until all are done.
 
     Prompts of different lengths are right-padded into one tensor. Padding sits in each
@@ -241,7 +287,9 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
 
     Decode steps run as in :func:`generate_stream`: a CUDA graph by default on a GPU (the
     batch padded up to the graph's bucket), the eager step on the plain cache elsewhere;
-    ``graph`` forces one or the other. One read per step: the rows' sampled tokens.
+    ``graph`` forces one or the other. ``fast=True``: the fastest path here, as in
+    :func:`generate_stream` (on a CPU the compiled step with the fastest settings, the batch
+    padded to its bucket; on CUDA the graph). One read per step: the rows' sampled tokens.
     """
     if not prompts:
         raise PromptError("no prompts given")
@@ -251,6 +299,7 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     for p in prompts:
         check_prompt(p, max_tokens, window)
     device, B = model.device, len(prompts)
+    compiled, graph = _fast_path(device, fast, False, graph, use_cache)
     if graph is None:
         graph = use_cache and device.type == "cuda"
     lengths = [len(p) for p in prompts]
@@ -261,14 +310,25 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     rows = torch.arange(B, device=device)
     generator = sampling.generator(device)
 
-    graphed = None
+    graphed = decoder = None
     if graph:
         from .backends.cuda_graph import graph_decoder
         graphed = graph_decoder(model, B, tokens=max(lengths) + steps)
-    cache = KVCache.for_model(model, B, max(lengths) + steps) if use_cache and not graph else None
+    elif compiled:
+        from .backends.fast import fast_decoder
+        decoder = fast_decoder(model, B, max(lengths) + steps, cache=cache_dir())
+    cache = (KVCache.for_model(model, B, max(lengths) + steps)
+             if use_cache and not graph and not compiled else None)
     try:
         if graphed is not None:
             logits = graphed.prefill(padded, lengths)
+        elif decoder is not None:
+            # Padded to the bucket by one-token dummy rows (generate_compiled's rule).
+            bucket = decoder.cache.batch_size
+            dummies = torch.full((bucket - B, padded.shape[1]), pad, device=device)
+            logits = decoder.prefill(torch.cat([padded, dummies]))[rows, last]
+            fill = torch.full((bucket - B,), pad, device=device)
+            positions = torch.tensor(lengths + [1] * (bucket - B), device=device)
         elif cache is not None:
             # Only the rows' last prompt positions are scored, each distinct one once (prompts
             # of one length share it): (B, distinct, vocab), row b's at [b, which[b]].
@@ -291,6 +351,9 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
                 break
             if graphed is not None:
                 logits = graphed.step(tokens, [n + step for n in lengths])
+            elif decoder is not None:
+                logits = decoder.step(torch.cat([tokens, fill.to(tokens.dtype)]),
+                                      positions + step)[:B]
             elif cache is not None:
                 logits = decode_step(model, tokens, None, cache)  # at each row's length
             else:

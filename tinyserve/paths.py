@@ -16,3 +16,20 @@ MODEL_NAMES = ("target", "draft")
 HARBOR_TICKETS = ASSETS / "harbor" / "tickets.jsonl"
 #: The git checkout the package runs from, or None when it is installed (no ``.git`` above it).
 CHECKOUT: Path | None = PACKAGE.parent if (PACKAGE.parent / ".git").exists() else None
+
+
+def cache_dir() -> Path:
+    """Where the package keeps what it prepares and can reuse across runs (the fast path's
+    compiled kernels, under ``inductor/torch-<version>``): ``$TINYSERVE_CACHE_DIR`` if set;
+    else, in a checkout, its ``.cache/`` (git-ignored), so a course's generated files stay in
+    the folder the learner works in, next to ``runs/``, go with it when it is deleted, and CI
+    caches one path inside its workspace; else (an installed package)
+    ``$XDG_CACHE_HOME/tinyserve``, by default ``~/.cache/tinyserve``. Read at each call, not
+    at import, so a caller may set the variable first. Nothing is created here."""
+    import os
+    if os.environ.get("TINYSERVE_CACHE_DIR"):
+        return Path(os.environ["TINYSERVE_CACHE_DIR"]).expanduser()
+    if CHECKOUT is not None:
+        return CHECKOUT / ".cache"
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg).expanduser() / "tinyserve"

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .backends.fast import compile_settings  # noqa: F401 - one definition, the loops' and the bench's
 from .config import ModelConfig, parameter_count  # noqa: F401 - the chapters read it here too
 from .device import timings
 
@@ -241,19 +242,6 @@ def eager_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
     return per_token_seconds(step, first, T, n, repeats, lambda: cache.rewind([T] * B))
 
 
-def compile_settings(freezing: bool = False):
-    """Inductor's settings for a compiled step, as a context manager. With ``freezing`` the
-    weights become constants, packed once for inductor's C++ GEMM template, and max-autotune's
-    GEMM choices are restricted to that template: the autotuner picked it over MKL's
-    ``_mkl_linear`` at every linear of the scale model in our runs (e.g. 1.5 against 17.5 ms
-    at 4 rows), and with one choice left it skips benchmarking every candidate at every
-    compile, which on a 2-core machine more than doubles a bucket's compile time."""
-    import torch._inductor.config as inductor_config
-    if not freezing:
-        return inductor_config.patch(freezing=False)
-    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP")
-
-
 @torch.no_grad()
 def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
                           repeats: int = 3, backend: str = "inductor", *,
@@ -262,7 +250,7 @@ def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
     """Seconds per compiled decode step after prompts (B, T), B a bucket size, the greedy
     token fed back, and the seconds its first call took (compiling, unless this bucket was
     compiled before). ``backend`` and ``mode`` are ``torch.compile``'s, ``freezing`` as in
-    :func:`compile_settings`; the decoder's window holds ``tokens`` positions per row (by
+    :func:`~tinyserve.backends.fast.compile_settings`; the decoder's window holds ``tokens`` positions per row (by
     default T + n; more leaves room for a later pass on the same decoder, which
     :func:`~tinyserve.backends.compiled.compiled_decoder` hands back when asked again)."""
     from .backends.compiled import compiled_decoder

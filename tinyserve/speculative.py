@@ -34,6 +34,7 @@ from .device import upload
 from .generate import check_prompt, decode_step, extend, prefill
 from .kv_cache import KVCache
 from .model import TinyLlama
+from .paths import cache_dir
 from .sampling import SamplingParams, top_k_filter, top_p_filter
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SpecStats", "SpeculativeDecoder",
@@ -135,6 +136,27 @@ def probs_for(logits: Tensor, sampling: SamplingParams) -> Tensor:
     return torch.softmax(scaled, dim=-1)
 
 
+def _passes(model: TinyLlama, tokens: int, widths, fast: bool) -> StaticPasses:
+    """Static passes of ``widths``: the fast path's (:mod:`tinyserve.backends.fast`: CUDA
+    graphs, or each width compiled on a CPU) or the static buffers of ``graph``."""
+    if fast:
+        from .backends.fast import fast_passes
+        return fast_passes(model, tokens, widths, cache=cache_dir())
+    return static_passes(model, tokens, widths)
+
+
+def _fast_graph(device: torch.device, fast: bool, graph: bool | None) -> bool | None:
+    """``graph`` once ``fast`` is resolved: fast passes are static (graph True); a ``graph``
+    that contradicts it is named."""
+    if not fast:
+        return graph
+    if graph is False or (graph and device.type != "cuda"):
+        raise ValueError(f"fast=True and graph={graph} contradict on {device.type}: the fast "
+                         f"path's passes are {'CUDA graphs' if device.type == 'cuda' else 'compiled'} "
+                         f"here (graph=True on a CPU runs them eagerly); pass one of them")
+    return True
+
+
 # ------------------------------------------------------------------ drafters
 
 class Drafter(Protocol):
@@ -160,13 +182,17 @@ class ModelDrafter:
     :func:`~tinyserve.generate.decode_step`, in inference mode), so a draft pass costs
     what the cost model's measured draft pass costs. ``graph`` (default: on CUDA) runs the
     same passes on static buffers (:mod:`tinyserve.backends.spec_graphs`), replayed as CUDA graphs
-    of widths 1 and 2 (the catch-up); on a CPU ``graph=True`` runs them eagerly."""
+    of widths 1 and 2 (the catch-up); on a CPU ``graph=True`` runs them eagerly. ``fast``:
+    the fastest path here (:mod:`tinyserve.backends.fast`): the graphs on CUDA, on a CPU
+    each width compiled with the fastest settings; the same tokens as eager."""
 
     #: Pass widths on static buffers: one-token draft steps and the catch-up of 1 or 2.
     WIDTHS = (1, 2)
 
-    def __init__(self, model: TinyLlama, *, graph: bool | None = None) -> None:
-        self.model = model
+    def __init__(self, model: TinyLlama, *, graph: bool | None = None,
+                 fast: bool = False) -> None:
+        self.model, self.fast = model, fast
+        graph = _fast_graph(model.device, fast, graph)
         self.graph = model.device.type == "cuda" if graph is None else graph
         self.cache: KVCache | None = None
         self.passes: StaticPasses | None = None
@@ -175,7 +201,7 @@ class ModelDrafter:
         if self.graph:
             if self.passes is not None:
                 self.passes.release()
-            self.passes = static_passes(self.model, max_total, self.WIDTHS)
+            self.passes = _passes(self.model, max_total, self.WIDTHS, self.fast)
             self.passes.reset()
             if len(prompt_ids) > 1:
                 self.passes.prefill(upload(prompt_ids[:-1], self.model.device)[None])
@@ -329,14 +355,19 @@ class SpeculativeDecoder:
     ``graph`` (default: on CUDA) runs the target's passes on static buffers
     (:mod:`tinyserve.backends.spec_graphs`), the verify pass replayed as one CUDA graph per width
     (k + 1, or fewer when fewer drafts come); on a CPU ``graph=True`` runs the same passes
-    eagerly. Call :meth:`release` when done (``speculative_generate`` does)."""
+    eagerly. ``fast``: the fastest path here for the verify passes (widths 1..k + 1;
+    :mod:`tinyserve.backends.fast`): the graphs on CUDA, on a CPU each width compiled with
+    the fastest settings; the drafter's own ``fast`` covers the draft steps. Call
+    :meth:`release` when done (``speculative_generate`` does)."""
 
     def __init__(self, target: TinyLlama, drafter: Drafter, k: int,
                  sampling: SamplingParams = SamplingParams(), *,
-                 graph: bool | None = None) -> None:
+                 graph: bool | None = None, fast: bool = False) -> None:
         if k < 1:
             raise ValueError(f"k (draft tokens per step) must be at least 1, got {k}")
         self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
+        self.fast = fast
+        graph = _fast_graph(target.device, fast, graph)
         self.graph = target.device.type == "cuda" if graph is None else graph
         self.generator = sampling.generator()
         self.stats = SpecStats()
@@ -354,7 +385,7 @@ class SpeculativeDecoder:
             self.release()
             # Verify passes of 1 to k + 1 tokens: fewer drafts come at the budget's end
             # (and from an n-gram drafter), each width its own graph.
-            self.passes = static_passes(self.target, max_total, range(1, self.k + 2))
+            self.passes = _passes(self.target, max_total, range(1, self.k + 2), self.fast)
             self.passes.reset()
             logits = self.passes.prefill(ids)
         else:
@@ -411,16 +442,17 @@ class SpeculativeDecoder:
 def speculative_generate(target: TinyLlama, drafter: Drafter, prompt_ids: list[int],
                          max_tokens: int, *, k: int = 4,
                          sampling: SamplingParams = SamplingParams(),
-                         stop_ids: tuple[int, ...] = (),
-                         graph: bool | None = None) -> tuple[list[int], SpecStats]:
+                         stop_ids: tuple[int, ...] = (), graph: bool | None = None,
+                         fast: bool = False) -> tuple[list[int], SpecStats]:
     """Up to ``max_tokens`` new tokens (stopping after a stop token, or at the context window,
     like ``generate``) and the request's :class:`SpecStats`. ``graph``: the target's passes
     on static buffers, CUDA graphs on a GPU (the default there; see
-    :class:`SpeculativeDecoder`); the drafter chooses its own (:class:`ModelDrafter`)."""
+    :class:`SpeculativeDecoder`); ``fast``: the verify passes on the fast path; the drafter
+    chooses its own (:class:`ModelDrafter`'s ``graph`` and ``fast``)."""
     window = target.config.max_position_embeddings
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
-    dec = SpeculativeDecoder(target, drafter, k, sampling, graph=graph)
+    dec = SpeculativeDecoder(target, drafter, k, sampling, graph=graph, fast=fast)
     try:
         out = [dec.prefill(prompt_ids, len(prompt_ids) + steps)]
         while out[-1] not in stop_ids and len(out) < steps:

@@ -30,7 +30,10 @@ graph per (batch bucket, window) pair, each compiled on first use.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager
 import time
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -51,14 +54,21 @@ class CompiledDecoder:
     """A static cache for one batch bucket and a compiled decode step over it.
 
     ``mode`` defaults to ``"reduce-overhead"`` on CUDA (CUDA graphs) and ``"default"``
-    elsewhere (fused C++ kernels on a CPU). The first :meth:`step` compiles (seconds to a
+    elsewhere (fused C++ kernels on a CPU); ``options`` (inductor's, instead of a mode) are
+    what :mod:`tinyserve.backends.fast` passes for the fastest CPU step, with ``settings``:
+    inductor settings held around the first step only, the one that traces and compiles
+    (freezing is read while TorchDynamo traces, outside ``torch.compile``'s options; holding
+    the patch around every step would cost ~70 us a step, and a later recompile, which the
+    static shapes rule out, would fail loudly without it rather than run unfrozen). The first :meth:`step` compiles (seconds to a
     minute); :attr:`compile_seconds` records how long that took. ``backend="eager"`` only
     traces (TorchDynamo, no code generation): it checks in seconds that the step is one graph
     with static shapes, and runs it op by op.
     """
 
     def __init__(self, model: TinyLlama, batch_size: int, mode: str | None = None,
-                 backend: str = "inductor", window: int | None = None) -> None:
+                 backend: str = "inductor", window: int | None = None,
+                 options: dict[str, Any] | None = None,
+                 settings: Callable[[], AbstractContextManager] | None = None) -> None:
         self.model = model
         self.cache = StaticKVCache(model.config, batch_size, device=model.device,
                                    dtype=model.dtype, max_seq=window)
@@ -69,11 +79,15 @@ class CompiledDecoder:
         # On a CPU, inductor's "C++ wrapper" also writes the code that calls the kernels in
         # C++ instead of Python: at batch 1 on this course's CPU that took 5-10% off a step of
         # under 2 ms. (A mode and options cannot both be given; the default mode has none.)
-        options = {"cpp_wrapper": True} if self.mode == "default" else None
+        if options is None:
+            options = {"cpp_wrapper": True} if self.mode == "default" else None
+        else:      # inductor's options as given (the fast path's: tinyserve.backends.fast)
+            self.mode = None
         self._step = torch.compile(self._forward, backend=backend,
                                    mode=None if options else self.mode, options=options,
                                    fullgraph=True, dynamic=False)
         self.compile_seconds: float | None = None
+        self._settings = settings
 
     def _forward(self, tokens: Tensor, positions: Tensor) -> Tensor:
         return self.model(tokens[:, None], positions[:, None], self.cache)[:, -1]
@@ -102,7 +116,11 @@ class CompiledDecoder:
         start = time.perf_counter()
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self._step(tokens, positions).clone()
+        if first and self._settings is not None:
+            with self._settings():
+                logits = self._step(tokens, positions).clone()
+        else:
+            logits = self._step(tokens, positions).clone()
         if first:
             if logits.device.type == "cuda":
                 torch.cuda.synchronize(logits.device)
@@ -136,13 +154,21 @@ DECODERS: DecoderCache[CompiledDecoder] = DecoderCache(MAX_DECODERS)
 
 
 def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
-                     backend: str = "inductor", tokens: int | None = None) -> CompiledDecoder:
+                     backend: str = "inductor", tokens: int | None = None, *,
+                     options: dict[str, Any] | None = None,
+                     settings: Callable[[], AbstractContextManager] | None = None,
+                     tag: Hashable = None) -> CompiledDecoder:
     """The decoder for ``model``, the bucket holding ``batch`` rows and the window holding
     ``tokens`` positions per row (default: the whole context window), compiled once and
     reused (compiling again for every request would cost more than it saves); at most
-    :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.backends.decoder_cache`)."""
+    :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.backends.decoder_cache`).
+    ``options``: inductor's, instead of ``mode``, and ``settings`` around the compile (see
+    :class:`CompiledDecoder`); ``tag``: anything else the decoder must match (the fast
+    path's settings and weight versions: its compiled step holds the weights frozen)."""
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
-    key = (bucket_for(batch, MAX_COMPILED_BATCH), window, mode, backend)
+    key = (bucket_for(batch, MAX_COMPILED_BATCH), window, mode, backend,
+           tuple(sorted((options or {}).items())), tag)
     return DECODERS.get(model, key, lambda: CompiledDecoder(model, key[0], mode, backend,
-                                                             window), exclusive=False)
+                                                             window, options, settings),
+                        exclusive=False)

@@ -1,0 +1,153 @@
+"""The fast path (tinyserve/backends/fast.py) against the eager reference: ``fast=True`` gives
+the eager path's tokens in generate, generate_batch and speculative decoding (greedy and
+seeded sampling), keeps its compiled kernels in the persistent cache (or the user's
+TORCHINDUCTOR_CACHE_DIR), and names contradictory switches.
+
+Most tests run the fast path's plumbing on a traced-only recipe (``backend="eager"``: the
+same static buffers, decoders and dispatch, seconds instead of minutes per shape); one
+compiles for real with the fastest settings, on the smallest model and shape."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tinyserve.backends import fast
+from tinyserve.config import ModelConfig
+from tinyserve.draft_replay import ReplayDrafter, greedy_script
+from tinyserve.generate import generate, generate_batch, prepare
+from tinyserve.paths import CHECKOUT, cache_dir
+from tinyserve.sampling import SamplingParams
+from tinyserve.speculative import ModelDrafter, SpeculativeDecoder, speculative_generate
+
+from conftest import random_prompt, sharp_model
+
+SMALL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+ONE_LAYER = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=11)
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The fast path traced only (the one knob, fast.CPU_RECIPE), its cache in a temporary
+    folder; that folder."""
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
+def test_fast_generate_gives_eager_tokens(traced: Path, sampling: SamplingParams) -> None:
+    model = sharp_model(SMALL, seed=1)
+    prompt = random_prompt(96, 7, seed=2)
+    want = generate(model, prompt, 24, sampling=sampling, graph=False).tokens
+    assert generate(model, prompt, 24, sampling=sampling, fast=True).tokens == want
+    assert generate(model, prompt, 24, sampling=sampling, fast=True).tokens == want  # reused
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
+def test_fast_generate_batch_gives_eager_tokens_for_uneven_prompts(
+        traced: Path, sampling: SamplingParams) -> None:
+    model = sharp_model(SMALL, seed=4)
+    prompts = [random_prompt(96, n, seed=n) for n in (3, 9, 5)]    # bucket 4: one dummy row
+    want = generate_batch(model, prompts, 14, sampling=sampling, stop_ids=(7,))
+    assert generate_batch(model, prompts, 14, sampling=sampling, stop_ids=(7,), fast=True) == want
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
+def test_fast_speculation_gives_eager_tokens(traced: Path, sampling: SamplingParams) -> None:
+    target, draft = sharp_model(SMALL, seed=5), sharp_model(SMALL, seed=6)
+    prompt = random_prompt(96, 6, seed=7)
+    want, stats = speculative_generate(target, ModelDrafter(draft), prompt, 20, k=3,
+                                       sampling=sampling)
+    got, fast_stats = speculative_generate(target, ModelDrafter(draft, fast=True), prompt, 20,
+                                           k=3, sampling=sampling, fast=True)
+    assert got == want and fast_stats.emitted == stats.emitted
+
+
+def test_fast_replay_drafter_gives_the_targets_greedy_tokens(traced: Path) -> None:
+    target, draft = sharp_model(SMALL, seed=5), sharp_model(SMALL, seed=6)
+    prompt = random_prompt(96, 6, seed=8)
+    script = greedy_script(target, prompt, 16)
+    drafter = ReplayDrafter(draft, script, 0.7, fast=True)
+    out, stats = speculative_generate(target, drafter, prompt, 16, k=4, fast=True)
+    assert out == script and stats.accepted > 0
+
+
+def test_prepare_compiles_the_shapes_a_run_needs_once(traced: Path) -> None:
+    model = sharp_model(SMALL, seed=9)
+    shapes = [fast.Shape(20, batch=3), fast.verify_shape(2, 20)]
+    first = prepare(model, shapes, progress=False)
+    assert [c.label for c in first] == ["decode batch 3 x window 64", "pass width 1 x window 64",
+                                        "pass width 2 x window 64", "pass width 3 x window 64"]
+    assert all(c.compiled and c.seconds > 0 for c in first)
+    assert not any(c.compiled for c in prepare(model, shapes, progress=False))   # held
+    # the loops find what was prepared: the prepared decoder serves a batch of 3
+    prompts = [random_prompt(96, n, seed=n) for n in (4, 6, 2)]
+    assert generate_batch(model, prompts, 10, fast=True) == generate_batch(model, prompts, 10)
+
+
+def test_contradictory_switches_are_named(traced: Path) -> None:
+    model = sharp_model(ONE_LAYER, seed=2)
+    prompt = [1, 2, 3]
+    cases = [(dict(compile=True), "fast=True and compile=True"),
+             (dict(graph=False), "fast=True and graph=False"),
+             (dict(graph=True), "fast=True and graph=True contradict on cpu"),
+             (dict(use_cache=False), "fast=True needs the KV cache")]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            generate(model, prompt, 4, fast=True, **kwargs)
+    with pytest.raises(ValueError, match="fast=True and graph=True contradict on cpu"):
+        generate_batch(model, [prompt], 4, fast=True, graph=True)
+    with pytest.raises(ValueError, match="fast=True and graph=False contradict"):
+        SpeculativeDecoder(model, ModelDrafter(model), 2, graph=False, fast=True)
+    with pytest.raises(ValueError, match="fast=True and graph=True contradict on cpu"):
+        ModelDrafter(model, graph=True, fast=True)
+
+
+def test_the_cache_folder_is_ours_unless_the_user_chose_one(
+        traced: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert cache_dir() == traced
+    monkeypatch.delenv("TINYSERVE_CACHE_DIR")
+    if CHECKOUT is not None:
+        assert cache_dir() == CHECKOUT / ".cache"
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(traced))
+    user = tmp_path / "users-own"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(user))
+    generate(sharp_model(ONE_LAYER, seed=3), [1, 2, 3], 4, fast=True)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(user)
+    assert not (traced / "inductor").exists()
+
+
+def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Real code generation with the real recipe (max-autotune, freezing, the C++ GEMM
+    # template), the smallest model and shape: tens of seconds on a busy 2-core machine.
+    import torch._inductor.config as inductor_config
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert fast.CPU_RECIPE is fast.FASTEST
+    model = sharp_model(ONE_LAYER, seed=5)
+    prompt = random_prompt(64, 5, seed=6)
+    want = generate(model, prompt, 20, graph=False).tokens
+    costs = prepare(model, [fast.Shape(25)], progress=False)
+    assert [c.label for c in costs] == ["decode batch 1 x window 32"] and costs[0].compiled
+    assert generate(model, prompt, 20, fast=True).tokens == want
+    folder = tmp_path / "inductor" / f"torch-{torch.__version__}"
+    assert any(p.is_file() for p in folder.rglob("*"))           # the kernels, kept on disk
+    assert inductor_config.freezing is False                      # the patch did not leak
+    # a weight changed in place after compiling: frozen weights are a copy, so the next
+    # request compiles again rather than reading stale ones
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)
+    fresh = sharp_model(ONE_LAYER, seed=5)
+    with torch.no_grad():
+        fresh.lm_head.weight.mul_(-1)
+    changed = generate(fresh, prompt, 20, graph=False).tokens
+    assert changed != want
+    assert generate(model, prompt, 20, fast=True).tokens == changed

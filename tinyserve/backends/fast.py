@@ -1,0 +1,293 @@
+"""The fast path: the fastest way this machine has to run a decode step, a verify pass and a
+draft step, said once. The loops take one switch, ``fast=True``, and come here for it; the
+eager step is the reference every test compares it with, token for token.
+
+- **On CUDA**: the CUDA graphs already written (:mod:`~tinyserve.backends.cuda_graph` for
+  decode steps, :mod:`~tinyserve.backends.spec_graphs` for speculation's passes): a step is
+  one replay, so launches no longer set its time.
+- **On a CPU**: ``torch.compile`` in max-autotune with inductor *freezing* and its C++ GEMM
+  template as the only GEMM choice (:data:`CPU_OPTIONS`). Freezing turns the weights into
+  constants packed once for that template; eager ``F.linear`` packs them at every call. In
+  ``bench scale`` this step read at ~0.85 of the machine's read bandwidth where eager reached
+  ~0.57 (batch 1, the scale model, one thread), and 4 rows cost 1.2-1.5x one row where eager
+  costs 2-2.2x. The mode's options go through ``torch.compile(options=...)``, which inductor
+  applies to that compile only; freezing cannot: TorchDynamo reads it from inductor's global
+  config while it traces (``torch._dynamo.utils.is_parameter_freezing``), before those
+  options apply (given only as options, the compile fails: the C++ GEMM template finds
+  unfrozen weights and no choice is left). So :func:`compile_settings` patches it, scoped to
+  the one call that compiles (:class:`~tinyserve.backends.compiled.CompiledDecoder`).
+
+What it costs, and how a run lives with it: each shape is a compile of its own (a batch
+bucket x a cache window for decode; one per width for speculation), tens of seconds to
+minutes on two cores. :func:`prepare` compiles exactly the shapes a run needs, up front, with
+a progress bar, and returns what each took; the compiled kernels go to a persistent folder
+(:func:`inductor_cache`: ``<cache>/inductor/torch-<version>``), so a second process
+compiles from them. With freezing inductor's whole-graph cache is bypassed (frozen weights
+cannot be pickled), so a repeat still traces and lowers the graph but reuses the built C++
+kernels: measured 56.5 s first, 15.7 s repeat for one decode shape of the scale model.
+
+Frozen weights are a copy: a decoder is kept per model *and* per weight version (every
+parameter's in-place version counter), so changing a weight in place (loading a checkpoint,
+fine-tuning) makes the next request compile again instead of reading stale weights.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+import functools
+import os
+from pathlib import Path
+import time
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..model import TinyLlama
+from .compiled import CompiledDecoder, compiled_decoder
+from .cuda_graph import graph_decoder
+from .decoder_cache import DecoderCache
+from .spec_graphs import StaticPasses, static_passes
+from .static import window_for
+
+__all__ = ["CPU_RECIPE", "FASTEST", "Recipe", "Shape", "ShapeCost", "compile_settings",
+           "draft_shape", "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare",
+           "verify_shape"]
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the CPU fast path compiles: ``torch.compile``'s ``options`` and whether
+    :func:`compile_settings` (freezing, the C++ GEMM template) is held around the compile;
+    ``backend``: torch.compile's (``"eager"`` only traces: the plumbing in seconds)."""
+    options: tuple[tuple[str, Any], ...]
+    freezing: bool
+    backend: str = "inductor"
+
+    def compile_options(self) -> dict[str, Any] | None:
+        return dict(self.options) if self.backend == "inductor" else None
+
+
+#: The fastest CPU step: mode "max-autotune" spelled as its options (``torch.compile`` takes
+#: a mode or options, not both; the mode's third, ``triton.cudagraphs``, is CUDA's), with
+#: freezing and the C++ GEMM template as the only GEMM backend.
+FASTEST = Recipe((("max_autotune", True), ("coordinate_descent_tuning", True)), freezing=True)
+#: What the CPU fast path compiles with: :data:`FASTEST`. The one knob: a test may set a
+#: cheaper recipe here (``Recipe((), False, "eager")``: traced, not compiled, seconds instead
+#: of minutes per shape) to check the loops' plumbing; one test keeps the real one.
+CPU_RECIPE: Recipe = FASTEST
+
+
+def kind(device: torch.device) -> str:
+    """What ``fast=True`` runs on ``device``: ``"graph"`` (CUDA) or ``"compile"``."""
+    return "graph" if device.type == "cuda" else "compile"
+
+
+def compile_settings(freezing: bool = False):
+    """Inductor's settings for a compiled step, as a context manager (for callers that pass a
+    ``mode``, which excludes ``options``; the loops pass :data:`CPU_OPTIONS` instead). With
+    ``freezing`` the weights become constants, packed once for inductor's C++ GEMM template,
+    and max-autotune's GEMM choices are restricted to that template: the autotuner picked it
+    over MKL's ``_mkl_linear`` at every linear of the scale model in our runs (e.g. 1.5
+    against 17.5 ms at 4 rows), and with one choice left it skips benchmarking every
+    candidate at every compile, which on a 2-core machine more than doubles a bucket's
+    compile time."""
+    import torch._inductor.config as inductor_config
+    if not freezing:
+        return inductor_config.patch(freezing=False)
+    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP")
+
+
+def inductor_cache(root: Path | None) -> Path | None:
+    """Send inductor's on-disk cache to ``root/inductor/torch-<version>`` (made if missing)
+    and return it: kernels built by one torch are never read by another. A
+    ``TORCHINDUCTOR_CACHE_DIR`` the user set wins (returned as is). Called before the first
+    fast compile, never at import; ``root=None`` leaves inductor's default."""
+    if root is None:
+        return None
+    set_by_user = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if set_by_user and not _inductor_default(set_by_user):
+        return Path(set_by_user)
+    folder = Path(root) / "inductor" / f"torch-{torch.__version__}"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return folder
+
+
+def _inductor_default(folder: str) -> bool:
+    """Whether ``folder`` is inductor's own default: inductor writes it into the variable at
+    its first compile, so finding it there does not mean a user chose it."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    return os.path.abspath(folder) == os.path.abspath(default_cache_dir())
+
+
+def _weights_version(model: TinyLlama) -> int:
+    """Changes whenever a parameter is changed in place (its version counter)."""
+    return sum(p._version for p in model.parameters())
+
+
+def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
+                 cache: Path | None = None) -> CompiledDecoder:
+    """The CPU fast path's decode step for ``batch`` rows (padded to a bucket) of up to
+    ``tokens`` positions: a :class:`~tinyserve.backends.compiled.CompiledDecoder` compiled
+    with :data:`CPU_RECIPE`, kept and reused (compiled on its first step); ``cache``: the
+    persistent folder (:func:`inductor_cache`). On CUDA the loops use the graphs instead."""
+    inductor_cache(cache)
+    recipe = CPU_RECIPE
+    return compiled_decoder(model, batch, backend=recipe.backend, tokens=tokens,
+                            options=recipe.compile_options(), settings=_settings(recipe),
+                            tag=("fast", recipe.freezing, _weights_version(model)))
+
+
+def _settings(recipe: Recipe):
+    """What to hold around a compiling call: :func:`compile_settings` (freezing) or None."""
+    return functools.partial(compile_settings, True) if recipe.freezing else None
+
+
+class CompiledPasses(StaticPasses):
+    """:class:`~tinyserve.backends.spec_graphs.StaticPasses` whose every width's pass is
+    compiled (the CPU fast path) instead of captured: the same static buffers, the same
+    forward pass, one compiled function per width, each compiled on its first call."""
+
+    def __init__(self, model: TinyLlama, window: int, widths: Sequence[int],
+                 recipe: Recipe) -> None:
+        super().__init__(model, window, widths, capture=False)
+        self._compiled = {w: torch.compile(functools.partial(StaticPasses._forward, self, w),
+                                           backend=recipe.backend,
+                                           options=recipe.compile_options(), fullgraph=True,
+                                           dynamic=False)
+                          for w in self.widths}
+        self._settings = _settings(recipe)
+        #: Seconds each width's first pass took (its compile, unless found on disk).
+        self.compile_seconds: dict[int, float] = {}
+
+    def _forward(self, w: int) -> Tensor:
+        if w in self.compile_seconds:
+            return self._compiled[w]()
+        start = time.perf_counter()
+        if self._settings is None:
+            out = self._compiled[w]()
+        else:
+            with self._settings():        # freezing: read while tracing (see the module)
+                out = self._compiled[w]()
+        self.compile_seconds[w] = time.perf_counter() - start
+        return out
+
+
+#: How many compiled pass sets are kept (see :mod:`tinyserve.backends.decoder_cache`).
+MAX_PASSES = 4
+_PASSES: DecoderCache[CompiledPasses] = DecoderCache(MAX_PASSES)
+
+
+def fast_passes(model: TinyLlama, tokens: int, widths: Iterable[int], *,
+                cache: Path | None = None) -> StaticPasses:
+    """One row's passes of ``widths`` on static buffers holding ``tokens`` positions, on the
+    fast path: the CUDA graphs on CUDA, compiled with :data:`CPU_RECIPE` elsewhere. Marked
+    in use until :meth:`~tinyserve.backends.spec_graphs.StaticPasses.release`."""
+    widths = tuple(sorted(set(widths)))
+    if model.device.type == "cuda":
+        return static_passes(model, tokens, widths)
+    inductor_cache(cache)
+    window = window_for(tokens, model.config.max_position_embeddings)
+    recipe = CPU_RECIPE
+    key = (window, widths, recipe, _weights_version(model))
+    passes = _PASSES.get(model, key, lambda: CompiledPasses(model, window, widths, recipe))
+    passes.in_use = True
+    return passes
+
+
+# ------------------------------------------------------------------ preparing up front
+
+@dataclass(frozen=True)
+class Shape:
+    """One thing a run compiles: the decode step of ``batch`` rows (padded to a bucket), or,
+    given ``widths``, one row's passes of those widths (speculation: the target's verify
+    passes 1..k+1, the draft's steps 1 and 2); ``tokens``: positions per row a request needs
+    (prompt + output), the cache's window that rounded up to a power of two."""
+    tokens: int
+    batch: int = 1
+    widths: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ShapeCost:
+    """What preparing one compiled function cost: ``seconds`` (0 when this process already
+    held it: ``compiled`` False). A repeat in a new process reads the kernels from the
+    persistent cache: compare its seconds with the first process's."""
+    label: str
+    seconds: float
+    compiled: bool
+
+
+def verify_shape(k: int, tokens: int) -> Shape:
+    """The target's passes for speculation with ``k`` drafts a step: widths 1..k + 1."""
+    return Shape(tokens, widths=tuple(range(1, k + 2)))
+
+
+def draft_shape(tokens: int) -> Shape:
+    """The draft model's passes: its one-token steps and the catch-up of 1 or 2 tokens."""
+    return Shape(tokens, widths=(1, 2))
+
+
+@torch.no_grad()
+def prepare(model: TinyLlama, shapes: Iterable[Shape], *, progress: bool = True,
+            cache: Path | None = None) -> list[ShapeCost]:
+    """Compile (on CUDA: capture) every shape in ``shapes`` not yet held, showing a progress
+    bar (tqdm) and a line per shape with its seconds; return those costs, one per compiled
+    function (a decode bucket, or one pass width). ``cache``: the persistent folder."""
+    from tqdm.auto import tqdm
+    shapes = list(dict.fromkeys(shapes))
+    units = sum(len(s.widths) or 1 for s in shapes)
+    costs: list[ShapeCost] = []
+    with tqdm(total=units, desc="preparing the fast path", unit="shape",
+              disable=not progress) as bar:
+        for shape in shapes:
+            for label, seconds, fresh in _prepare_one(model, shape, cache):
+                costs.append(ShapeCost(label, seconds, fresh))
+                if progress:
+                    bar.write(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)"))
+                bar.update()
+    return costs
+
+
+def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
+    """Yield (label, seconds, compiled) for each function of ``shape``, compiling it by
+    running it once on a dummy token at position 0 (the next request's prefill writes over
+    that slot before anything reads it)."""
+    window = window_for(shape.tokens, model.config.max_position_embeddings)
+    device, pad = model.device, model.config.pad_token_id
+    if not shape.widths:
+        label = f"decode batch {shape.batch} x window {window}"
+        if device.type == "cuda":
+            decoder = graph_decoder(model, shape.batch, tokens=shape.tokens)
+            fresh = decoder.graph is None
+            start = time.perf_counter()
+            decoder.prefill(torch.full((1, 1), pad, device=device), [1])   # captures
+            decoder.release()
+            yield label, time.perf_counter() - start if fresh else 0.0, fresh
+            return
+        step = fast_decoder(model, shape.batch, shape.tokens, cache=cache)
+        fresh = step.compile_seconds is None
+        if fresh:
+            B = step.cache.batch_size
+            step.step(torch.full((B,), pad, device=device), torch.zeros(B, dtype=torch.long))
+        yield label, float(step.compile_seconds) if fresh else 0.0, fresh
+        return
+    passes = fast_passes(model, shape.tokens, shape.widths, cache=cache)
+    try:
+        if device.type == "cuda":
+            fresh = not passes.graphs
+            passes.reset()                                 # captures every width
+            each = (passes.capture_seconds or 0.0) / len(passes.widths) if fresh else 0.0
+            for w in passes.widths:
+                yield f"pass width {w} x window {window}", each, fresh
+            return
+        for w in passes.widths:
+            fresh = w not in passes.compile_seconds
+            if fresh:
+                passes.reset()
+                passes.feed(torch.full((1, w), pad, device=device))
+                passes.rewind(0)
+            yield (f"pass width {w} x window {window}",
+                   passes.compile_seconds[w] if fresh else 0.0, fresh)
+    finally:
+        passes.release()
