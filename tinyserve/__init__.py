@@ -27,7 +27,9 @@ One request (chapters 0-2)
                     ``torch.compile``, opt-in), ``cuda_graph`` (the step captured once per
                     batch bucket and replayed: CUDA's default; the engine's graphs),
                     ``spec_graphs`` (speculation's passes), ``decoder_cache`` (the bounded,
-                    least recently used first out cache of built decoders)
+                    least recently used first out cache of built decoders), ``fast`` (what
+                    ``fast=True`` runs here: the graphs on CUDA, the step compiled with the
+                    fastest settings on a CPU; its kernel cache and ``prepare``)
     graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles

@@ -124,12 +124,18 @@ def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor | None,
                   cache)[:, -1]
 
 
-def _fast_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,
-               use_cache: bool) -> tuple[bool, bool | None]:
-    """(compile, graph) for ``fast``: on CUDA the graphs, elsewhere the compiled step (with
-    the fastest settings, which the caller passes on); contradictions named, both sides."""
+def _decode_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,
+                 use_cache: bool) -> tuple[bool, bool]:
+    """(compile, graph) as asked, contradictions named (both sides). ``graph`` defaults to
+    CUDA's graphs with the cache; ``fast`` is the graphs on CUDA, elsewhere the compiled step
+    (with the fastest settings, which the caller passes on)."""
+    if compile and not use_cache:
+        raise ValueError("compile needs the KV cache: drop --no-cache or --compile")
+    if graph and (compile or not use_cache):
+        raise ValueError("graph decoding needs the KV cache and no --compile")
     if not fast:
-        return compile, graph
+        return compile, (use_cache and not compile and device.type == "cuda"
+                         if graph is None else graph)
     if not use_cache:
         raise ValueError("fast=True needs the KV cache: drop use_cache=False (--no-cache) or fast")
     if compile:
@@ -199,14 +205,8 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     A step reads one value back from the device: the sampled token, which the host needs
     anyway (to yield it and to stop). Positions come from the host's count.
     """
-    if compile and not use_cache:
-        raise ValueError("compile needs the KV cache: drop --no-cache or --compile")
-    if graph and (compile or not use_cache):
-        raise ValueError("graph decoding needs the KV cache and no --compile")
     device = model.device
-    compile, graph = _fast_path(device, fast, compile, graph, use_cache)
-    if graph is None:
-        graph = use_cache and not compile and device.type == "cuda"
+    compile, graph = _decode_path(device, fast, compile, graph, use_cache)
     if trace is None:
         trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(device))
     trace.prompt_tokens, trace.use_cache = len(prompt_ids), use_cache
@@ -293,15 +293,11 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     """
     if not prompts:
         raise PromptError("no prompts given")
-    if graph and not use_cache:
-        raise ValueError("graph decoding needs the KV cache")
     window = model.config.max_position_embeddings
     for p in prompts:
         check_prompt(p, max_tokens, window)
     device, B = model.device, len(prompts)
-    compiled, graph = _fast_path(device, fast, False, graph, use_cache)
-    if graph is None:
-        graph = use_cache and device.type == "cuda"
+    compiled, graph = _decode_path(device, fast, False, graph, use_cache)
     lengths = [len(p) for p in prompts]
     steps = min(max_tokens, window - max(lengths))
     pad = model.config.pad_token_id
@@ -310,25 +306,13 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     rows = torch.arange(B, device=device)
     generator = sampling.generator(device)
 
-    graphed = decoder = None
-    if graph:
-        from .backends.cuda_graph import graph_decoder
-        graphed = graph_decoder(model, B, tokens=max(lengths) + steps)
-    elif compiled:
-        from .backends.fast import fast_decoder
-        decoder = fast_decoder(model, B, max(lengths) + steps, cache=cache_dir())
-    cache = (KVCache.for_model(model, B, max(lengths) + steps)
-             if use_cache and not graph and not compiled else None)
+    graphed, decoder, cache = _admit_batch(model, B, max(lengths) + steps, use_cache, graph,
+                                           compiled)
     try:
         if graphed is not None:
             logits = graphed.prefill(padded, lengths)
         elif decoder is not None:
-            # Padded to the bucket by one-token dummy rows (generate_compiled's rule).
-            bucket = decoder.cache.batch_size
-            dummies = torch.full((bucket - B, padded.shape[1]), pad, device=device)
-            logits = decoder.prefill(torch.cat([padded, dummies]))[rows, last]
-            fill = torch.full((bucket - B,), pad, device=device)
-            positions = torch.tensor(lengths + [1] * (bucket - B), device=device)
+            logits, feed = _bucket_prefill(decoder, padded, lengths)
         elif cache is not None:
             # Only the rows' last prompt positions are scored, each distinct one once (prompts
             # of one length share it): (B, distinct, vocab), row b's at [b, which[b]].
@@ -352,8 +336,7 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
             if graphed is not None:
                 logits = graphed.step(tokens, [n + step for n in lengths])
             elif decoder is not None:
-                logits = decoder.step(torch.cat([tokens, fill.to(tokens.dtype)]),
-                                      positions + step)[:B]
+                logits = feed(tokens, step)
             elif cache is not None:
                 logits = decode_step(model, tokens, None, cache)  # at each row's length
             else:
@@ -367,6 +350,36 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
         if graphed is not None:
             graphed.release()
     return out
+
+
+def _admit_batch(model: TinyLlama, B: int, tokens: int, use_cache: bool, graph: bool,
+                 compiled: bool) -> tuple:
+    """A static batch's KV memory (``tokens`` slots a row) on the decode path asked for:
+    (graph decoder, fast compiled decoder, cache), the unused ones None."""
+    if graph:
+        from .backends.cuda_graph import graph_decoder
+        return graph_decoder(model, B, tokens=tokens), None, None
+    if compiled:
+        from .backends.fast import fast_decoder
+        return None, fast_decoder(model, B, tokens, cache=cache_dir()), None
+    return None, None, KVCache.for_model(model, B, tokens) if use_cache else None
+
+
+def _bucket_prefill(decoder, padded: Tensor, lengths: list[int]) -> tuple:
+    """Prefill right-padded prompts (B, T) on a compiled decoder, the batch padded up to its
+    bucket by one-token dummy rows (:func:`generate_compiled`'s rule): the B rows' next-token
+    logits, and ``feed(tokens, step)``: decode step ``step``'s logits for tokens (B,)."""
+    B, bucket, device = len(lengths), decoder.cache.batch_size, padded.device
+    pad = decoder.model.config.pad_token_id
+    dummies = torch.full((bucket - B, padded.shape[1]), pad, device=device)
+    last = torch.tensor(lengths, device=device) - 1
+    logits = decoder.prefill(torch.cat([padded, dummies]))[torch.arange(B, device=device), last]
+    fill = torch.full((bucket - B,), pad, device=device)
+    positions = torch.tensor(lengths + [1] * (bucket - B), device=device)
+
+    def feed(tokens: Tensor, step: int) -> Tensor:
+        return decoder.step(torch.cat([tokens, fill.to(tokens.dtype)]), positions + step)[:B]
+    return logits, feed
 
 
 def _distinct_ends(lengths: list[int], device: torch.device) -> tuple[Tensor, Tensor]:
