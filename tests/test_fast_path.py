@@ -158,3 +158,21 @@ def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
     folder = tmp_path / "inductor" / f"torch-{torch.__version__}"
     assert any(p.is_file() for p in folder.rglob("*"))           # the kernels, kept on disk
     assert inductor_config.freezing is False                      # the patch did not leak
+
+
+@pytest.mark.gpu
+def test_fast_is_the_cuda_graphs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    model, draft = sharp_model(SMALL, seed=7).to("cuda"), sharp_model(SMALL, seed=8).to("cuda")
+    prompts = [random_prompt(96, n, seed=n) for n in (4, 6)]
+    assert generate_batch(model, prompts, 16, fast=True) == generate_batch(model, prompts, 16,
+                                                                             graph=False)
+    assert generate(model, prompts[0], 16, fast=True).tokens == \
+        generate(model, prompts[0], 16, graph=False).tokens
+    costs = prepare(model, [fast.Shape(30, batch=2), fast.verify_shape(2, 30)], progress=False)
+    assert len(costs) == 4
+    want, _ = speculative_generate(model, ModelDrafter(draft, graph=False), prompts[0], 16, k=2,
+                                   graph=False)
+    got, _ = speculative_generate(model, ModelDrafter(draft, fast=True), prompts[0], 16, k=2,
+                                  fast=True)
+    assert got == want
