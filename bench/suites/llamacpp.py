@@ -461,7 +461,18 @@ def timed_in_turns(model: Any, int8: Any, peer: Worker, quick: bool) -> dict[str
           flush=True)
     prefill = in_turns(prefill_fns, rounds)
     return {"decode_s": decode, "prefill_s": prefill, "rounds": rounds, "fastest_path": fast,
-            "compile_s": round(ours["compile_s"], 1)}
+            "compile_s": round(ours["compile_s"], 1),
+            "roofline_timers_s": roofline_cross_check(model, torch.tensor([decode_prompt]), fast)}
+
+
+def roofline_cross_check(model: Any, prompt: Any, fast: dict[str, Any]) -> dict[str, float]:
+    """The same two fp32 steps through the course's own timers (the fastest of 3 runs of
+    STEPS; the compiled decoder is the one already built): the in-turns loop above should
+    read about the same."""
+    from tinyserve.roofline import compiled_step_seconds, eager_step_seconds
+    compiled, _ = compiled_step_seconds(model, prompt, STEPS, 3, fast["backend"],
+                                        mode=fast["mode"], freezing=fast["freezing"])
+    return {"fast": compiled, "eager": eager_step_seconds(model, prompt, STEPS, 3)}
 
 
 def summary_rows(timed: dict[str, Any]) -> list[list[Any]]:
