@@ -6,7 +6,7 @@ eager step is the reference every test compares it with, token for token.
   decode steps, :mod:`~tinyserve.backends.spec_graphs` for speculation's passes): a step is
   one replay, so launches no longer set its time.
 - **On a CPU**: ``torch.compile`` in max-autotune with inductor *freezing* and its C++ GEMM
-  template as the only GEMM choice (:data:`CPU_OPTIONS`). Freezing turns the weights into
+  template as the only GEMM choice (:data:`CPU_RECIPE`). Freezing turns the weights into
   constants packed once for that template; eager ``F.linear`` packs them at every call. In
   ``bench scale`` this step read at ~0.85 of the machine's read bandwidth where eager reached
   ~0.57 (batch 1, the scale model, one thread), and 4 rows cost 1.2-1.5x one row where eager
@@ -24,7 +24,8 @@ a progress bar, and returns what each took; the compiled kernels go to a persist
 (:func:`inductor_cache`: ``<cache>/inductor/torch-<version>``), so a second process
 compiles from them. With freezing inductor's whole-graph cache is bypassed (frozen weights
 cannot be pickled), so a repeat still traces and lowers the graph but reuses the built C++
-kernels: measured 56.5 s first, 15.7 s repeat for one decode shape of the scale model.
+kernels. One decode shape (batch 1, window 64), load 6-9 on two cores: the shipped target
+97 s in a first process, 35 s in a second; the scale model 56.5 s and 15.7 s.
 
 Frozen weights are a copy: a decoder is kept per model *and* per weight version (every
 parameter's in-place version counter), so changing a weight in place (loading a checkpoint,
@@ -84,7 +85,7 @@ def kind(device: torch.device) -> str:
 
 def compile_settings(freezing: bool = False):
     """Inductor's settings for a compiled step, as a context manager (for callers that pass a
-    ``mode``, which excludes ``options``; the loops pass :data:`CPU_OPTIONS` instead). With
+    ``mode``, which excludes ``options``; the loops pass :data:`CPU_RECIPE` instead). With
     ``freezing`` the weights become constants, packed once for inductor's C++ GEMM template,
     and max-autotune's GEMM choices are restricted to that template: the autotuner picked it
     over MKL's ``_mkl_linear`` at every linear of the scale model in our runs (e.g. 1.5
