@@ -16,6 +16,9 @@ eager step is the reference every test compares it with, token for token.
   options apply (given only as options, the compile fails: the C++ GEMM template finds
   unfrozen weights and no choice is left). So :func:`compile_settings` patches it, scoped to
   the one call that compiles (:class:`~tinyserve.backends.compiled.CompiledDecoder`).
+  Measured on the shipped target, back to back (load 4-5 on two cores): this compile took
+  66 s cold against 61 s with the patch held around the whole compile (mode
+  "max-autotune"), a step 0.437 against 0.430 ms, the same 32 greedy tokens as eager.
 
 What it costs, and how a run lives with it: each shape is a compile of its own (a batch
 bucket x a cache window for decode; one per width for speculation), tens of seconds to
