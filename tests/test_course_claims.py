@@ -124,7 +124,7 @@ def test_one_bandwidth_reference_and_one_flop_ceiling() -> None:
     assert scale_sweeps.flop_ceiling is roofline.flop_ceiling
     # ...and the suites whose reports the chapters cite divide by the same two ceilings.
     for suite in ("decode", "hf", "scale"):
-        code = (ROOT / "bench" / f"{suite}.py").read_text()
+        code = (ROOT / "bench" / "suites" / f"{suite}.py").read_text()
         assert "memory_bandwidth(" not in code and "4096 if" not in code, suite
 
 
