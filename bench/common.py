@@ -40,6 +40,16 @@ def load_bench_model(quick: bool, device: torch.device | str = "cpu",
     return load_model("target", device=device, dtype=torch.float32).eval(), "target"
 
 
+def cold_compiles(run: Callable[[str | None, bool], dict[str, Any]], json_path: str | None,
+                  quick: bool) -> dict[str, Any]:
+    """``run(json_path, quick)`` with inductor's on-disk caches off (a full run only): its
+    compile seconds are what a first user waits, where a cache left by an earlier run would
+    turn each compile into a reload. Patched for this run only, not the rest of the process."""
+    import torch._inductor.config as inductor_config
+    with inductor_config.patch(force_disable_caches=not quick):
+        return run(json_path, quick)
+
+
 def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 5,
                    warmup: int = 1) -> float:
     """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones

@@ -40,7 +40,7 @@ from tinyserve.roofline import (bounds_seconds, decode_cost, flop_ceiling, matmu
                                 read_bandwidth, row_sweep)
 from tinyserve.tokenizer import load_tokenizer
 
-from ..common import load_bench_model, report, table, write_json
+from ..common import cold_compiles, load_bench_model, report, table, write_json
 
 def _prompts(model: TinyLlama, batch: int, length: int) -> list[list[int]]:
     """``batch`` sample tickets of exactly ``length`` tokens (a short one is repeated)."""
@@ -74,12 +74,8 @@ def engine_vs_cost_model(model: TinyLlama, rows_list: tuple[int, ...], context: 
 
 
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
-    # compile_s is what a first user waits: inductor's on-disk cache would otherwise turn a
-    # second run's compile into a reload (seconds instead of tens of seconds on a CPU).
-    # Patched for this run only, not for the rest of the process.
-    import torch._inductor.config as inductor_config
-    with inductor_config.patch(force_disable_caches=not quick):
-        return _run(json_path, quick)
+    # compile_s is what a first user waits: the caches are off for a full run (cold_compiles).
+    return cold_compiles(_run, json_path, quick)
 
 
 def _run(json_path: str | None, quick: bool) -> dict[str, Any]:

@@ -61,7 +61,7 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
-from ..common import QUICK_CONFIG, interleaved_seconds, report, table, write_json
+from ..common import QUICK_CONFIG, cold_compiles, interleaved_seconds, report, table, write_json
 
 #: Cores a run keeps busy (its tensor-parallel part runs two ranks): the load average after
 #: it is judged less these.
@@ -96,8 +96,8 @@ def fastest_mode(device: torch.device, quick: bool) -> dict[str, Any]:
 
 
 class VerifyDecoder(CompiledDecoder):
-    """:class:`~tinyserve.backends.compiled.CompiledDecoder` whose compiled pass takes several tokens
-    per row (B, T) at positions (B, T) and returns all their logits (B, T, vocab): a
+    """:class:`~tinyserve.backends.compiled.CompiledDecoder` whose compiled pass takes several
+    tokens per row (B, T) at positions (B, T) and returns all their logits (B, T, vocab): a
     speculative verify pass on the static cache, compiled like a decode step."""
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -358,11 +358,9 @@ def _model(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[TinyL
 
 
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
-    # compile_s is what a first user waits (inductor's on-disk cache off for the run, as in
-    # bench decode); each compiled bucket is a fresh dynamo entry (forget_compiled resets).
-    import torch._inductor.config as inductor_config
-    with inductor_config.patch(force_disable_caches=not quick):
-        return _run(json_path, quick)
+    # compile_s is what a first user waits: the caches are off for a full run (cold_compiles);
+    # each compiled bucket is a fresh dynamo entry (forget_compiled resets).
+    return cold_compiles(_run, json_path, quick)
 
 
 def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
