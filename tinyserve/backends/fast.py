@@ -120,7 +120,10 @@ def inductor_cache(root: Path | None) -> Path | None:
 def _inductor_default(folder: str) -> bool:
     """Whether ``folder`` is inductor's own default: inductor writes it into the variable at
     its first compile, so finding it there does not mean a user chose it."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:   # an older torch (the floor is 2.5): its default is left as it is
+        return False
     return os.path.abspath(folder) == os.path.abspath(default_cache_dir())
 
 
