@@ -52,6 +52,21 @@ def test_traced_step_gives_eager_tokens_for_ragged_prompts_in_a_padded_bucket() 
     assert generate_compiled(model, again, 8, backend="eager") == generate_batch(model, again, 8)
 
 
+@torch.no_grad()
+def test_a_process_compiles_more_decoders_than_dynamos_recompile_limit() -> None:
+    """Every decoder compiles the same method for another self and shape: past TorchDynamo's
+    recompile limit (8) the ninth failed its fullgraph compile (CI, a worker that had run
+    other files' compiles first; a chapter's batch sweep would too). Each still decodes as
+    the eager step does."""
+    from tinyserve.backends.compiled import CompiledDecoder
+    model = sharp_model(SMALL, seed=6)
+    tokens, positions = torch.tensor([5]), torch.tensor([0])
+    want = model(tokens[:, None], positions[:, None], KVCache.for_model(model, 1, 4))[:, -1]
+    for window in range(8, 18):            # ten static shapes: ten compiles of one method
+        decoder = CompiledDecoder(model, 1, backend="eager", window=window)
+        assert torch.allclose(decoder.step(tokens, positions), want, atol=1e-5)
+
+
 def test_a_traced_step_follows_weights_changed_after_it_was_traced() -> None:
     # The step reads the stacked weight copies the eager prefill refreshes; a weight changed
     # in place after tracing (fine-tuning, loading a checkpoint) must reach the next request.

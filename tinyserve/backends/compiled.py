@@ -31,7 +31,7 @@ graph per (batch bucket, window) pair, each compiled on first use.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 import time
 from typing import Any
 
@@ -42,8 +42,29 @@ from ..model import TinyLlama
 from .decoder_cache import DecoderCache
 from .static import StaticKVCache, bucket_for, window_for
 
-__all__ = ["MAX_COMPILED_BATCH", "CompiledDecoder", "compile_token_layers", "compiled_decoder",
-           "DECODERS", "MAX_DECODERS"]
+__all__ = ["COMPILED_ENTRIES", "MAX_COMPILED_BATCH", "CompiledDecoder", "compile_token_layers",
+           "compiled_decoder", "compiling", "DECODERS", "MAX_DECODERS"]
+
+#: How many compiled entries one code object may hold while a new one compiles (TorchDynamo's
+#: ``recompile_limit``, 8 by default, fails a ``fullgraph`` compile past it).
+COMPILED_ENTRIES = 1024
+
+
+def compiling(settings: Callable[[], AbstractContextManager] | None = None) -> ExitStack:
+    """What to hold around a call that compiles a new step: TorchDynamo's recompile limit
+    raised to :data:`COMPILED_ENTRIES`, and ``settings`` if given. Every decoder (and every
+    width of a pass set) compiles the same method (``_forward``) for another ``self`` and
+    shape, so its entries pile up on one code object by design, one per static shape: the
+    limit, meant to stop a function whose shapes churn, would fail the ninth decoder of a
+    process (a chapter's batch sweep, a target and a draft at two windows)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    stack = ExitStack()
+    stack.enter_context(config.patch(**{name: max(getattr(config, name), COMPILED_ENTRIES)}))
+    if settings is not None:
+        stack.enter_context(settings())
+    return stack
+
 
 #: The largest batch a compiled step is made for: every (bucket, window) is a compile of
 #: its own, tens of seconds each, so the compiled path stops well short of the graphs' 512.
@@ -116,8 +137,8 @@ class CompiledDecoder:
         start = time.perf_counter()
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
-        if first and self._settings is not None:
-            with self._settings():
+        if first:
+            with compiling(self._settings):
                 logits = self._step(tokens, positions).clone()
         else:
             logits = self._step(tokens, positions).clone()

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from ..model import TinyLlama
-from .compiled import CompiledDecoder, compiled_decoder
+from .compiled import CompiledDecoder, compiled_decoder, compiling
 from .cuda_graph import graph_decoder
 from .decoder_cache import DecoderCache
 from .spec_graphs import StaticPasses, static_passes
@@ -171,11 +171,8 @@ class CompiledPasses(StaticPasses):
         if w in self.compile_seconds:
             return self._compiled[w]()
         start = time.perf_counter()
-        if self._settings is None:
+        with compiling(self._settings):   # freezing is read while tracing (see the module)
             out = self._compiled[w]()
-        else:
-            with self._settings():        # freezing: read while tracing (see the module)
-                out = self._compiled[w]()
         self.compile_seconds[w] = time.perf_counter() - start
         return out
 
