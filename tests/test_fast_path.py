@@ -1,6 +1,6 @@
 """The fast path (tinyserve/backends/fast.py) against the eager reference: ``fast=True`` gives
-the eager path's tokens in generate, generate_batch and speculative decoding (greedy and
-seeded sampling), keeps its compiled kernels in the persistent cache (or the user's
+the eager path's tokens in generate, generate_batch, speculative decoding and the engine
+(greedy and seeded sampling; requests joining mid-flight), keeps its compiled kernels in the persistent cache (or the user's
 TORCHINDUCTOR_CACHE_DIR), and names contradictory switches.
 
 Most tests run the fast path's plumbing on a traced-only recipe (``backend="eager"``: the
@@ -17,6 +17,7 @@ import torch
 from tinyserve.backends import fast
 from tinyserve.config import ModelConfig
 from tinyserve.draft_replay import ReplayDrafter, greedy_script
+from tinyserve.engine import Engine, EngineConfig, generate_many
 from tinyserve.generate import generate, generate_batch, prepare
 from tinyserve.paths import CHECKOUT, cache_dir
 from tinyserve.sampling import SamplingParams
@@ -160,6 +161,86 @@ def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
     assert inductor_config.freezing is False                      # the patch did not leak
 
 
+def _engine_run(model, prompts, config: EngineConfig, sampling=(), joins: int = 0):
+    """Every prompt's tokens through one engine; the last ``joins`` prompts join after a few
+    steps (continuous batching: rows join and leave the static decode step)."""
+    engine = Engine(model, config)
+    sampling = list(sampling) or [SamplingParams()] * len(prompts)
+    first = len(prompts) - joins
+    seqs = [engine.add_request(p, 12, sampling=s, stop_ids=(7,))
+            for p, s in zip(prompts[:first], sampling)]
+    for _ in range(4):
+        engine.step()
+    seqs += [engine.add_request(p, 12, sampling=s) for p, s in zip(prompts[first:], sampling[first:])]
+    engine.run()
+    return [s.output_ids for s in seqs], engine
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
+def test_the_fast_engine_gives_the_eager_engines_tokens(traced: Path,
+                                                         sampling: SamplingParams) -> None:
+    model = sharp_model(SMALL, seed=12)
+    prompts = [random_prompt(96, n, seed=20 + n) for n in (3, 11, 6, 17, 2)]
+    params = [SamplingParams(temperature=sampling.temperature, top_k=sampling.top_k,
+                             seed=None if sampling.seed is None else sampling.seed + i)
+              for i in range(len(prompts))]
+    config = dict(num_blocks=48, block_size=4, max_num_seqs=8)
+    want, _ = _engine_run(model, prompts, EngineConfig(**config), params, joins=2)
+    got, engine = _engine_run(model, prompts, EngineConfig(**config, fast=True), params, joins=2)
+    assert got == want
+    graphs = engine.executor.graphs
+    assert graphs.compiler is not None and graphs.steps > 0        # decode ran compiled
+    assert all(isinstance(g, fast.CompiledStep) for g in graphs.graphs.values())
+
+
+def test_the_fast_engine_prepares_its_shapes_once_and_runs_on_them(traced: Path) -> None:
+    model = sharp_model(SMALL, seed=13)
+    engine = Engine(model, EngineConfig(num_blocks=48, block_size=4, max_num_seqs=8, fast=True))
+    assert engine.executor.graphs.graphs == {}          # nothing compiled at start-up on a CPU
+    costs = engine.prepare(rows=(1, 3, 4), tokens=40, progress=False)
+    assert [c.label for c in costs] == ["engine decode 1 rows x 16 blocks",
+                                        "engine decode 4 rows x 16 blocks"]
+    assert all(c.compiled and c.seconds > 0 for c in costs)
+    again = engine.prepare(rows=(1,), tokens=40, progress=False)
+    assert [(c.seconds, c.compiled) for c in again] == [(0.0, False)]
+    made = engine.executor.graphs.captures
+    prompts = [random_prompt(96, n, seed=n) for n in (5, 9, 4)]
+    seqs = [engine.add_request(p, 10) for p in prompts]
+    engine.run()
+    assert engine.executor.graphs.captures == made      # no compile while serving
+    assert [s.output_ids for s in seqs] == generate_many(
+        model, prompts, 10, EngineConfig(num_blocks=48, block_size=4))
+    with pytest.raises(ValueError, match="1 to 64 positions"):
+        engine.prepare(rows=(1,), tokens=65)
+
+
+def test_the_fast_engine_compiles_again_after_a_weight_changes_in_place(traced: Path) -> None:
+    # A compiled step holds the weights frozen (a copy): it must be compiled again. (Prefix
+    # caching is off: cached keys and values of the old weights would be reused.)
+    model, fresh = sharp_model(ONE_LAYER, seed=14), sharp_model(ONE_LAYER, seed=14)
+    config = dict(num_blocks=24, block_size=4, enable_prefix_caching=False)
+    engine = Engine(model, EngineConfig(**config, fast=True))
+    prompt = random_prompt(64, 5, seed=3)
+    engine.add_request(prompt, 6)
+    engine.run()
+    made = engine.executor.graphs.captures
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1)
+        fresh.lm_head.weight.mul_(-1)
+    seq = engine.add_request(prompt, 6)
+    engine.run()
+    assert engine.executor.graphs.captures == made + 1
+    assert seq.output_ids == generate_many(fresh, [prompt], 6, EngineConfig(**config))[0]
+
+
+def test_the_engines_contradictory_switches_are_named(traced: Path) -> None:
+    model = sharp_model(ONE_LAYER, seed=2)
+    with pytest.raises(ValueError, match="fast=True and compile=True"):
+        Engine(model, EngineConfig(fast=True, compile=True))
+    with pytest.raises(ValueError, match="fast=True and graph=False contradict"):
+        Engine(model, EngineConfig(fast=True, graph=False))
+
+
 @pytest.mark.gpu
 def test_fast_is_the_cuda_graphs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
@@ -176,3 +257,8 @@ def test_fast_is_the_cuda_graphs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_pa
     got, _ = speculative_generate(model, ModelDrafter(draft, fast=True), prompts[0], 16, k=2,
                                   fast=True)
     assert got == want
+    engine = Engine(model, EngineConfig(num_blocks=32, block_size=4, fast=True))
+    assert engine.executor.graphs.capture and engine.executor.graphs.compiler is None
+    assert generate_many(model, prompts, 12, EngineConfig(num_blocks=32, block_size=4,
+                                                          fast=True)) == \
+        generate_many(model, prompts, 12, EngineConfig(num_blocks=32, block_size=4, graph=False))

@@ -18,7 +18,10 @@ clock, so scheduling experiments with thousands of requests take seconds. On CUD
 model executor replays each pure-decode step (every row one token) as a CUDA graph
 (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`), every (bucket, window) of them captured when
 the executor is made, before any request; ``EngineConfig(graph=True)`` runs that same
-static-buffer step eagerly on a CPU.
+static-buffer step eagerly on a CPU. ``EngineConfig(fast=True)`` asks for the fastest path
+this machine has (:mod:`tinyserve.backends.fast`): the graphs on CUDA; on a CPU the same
+static-buffer step compiled per (bucket, window) with the fast recipe (max-autotune, frozen
+weights), each shape compiled by :meth:`Engine.prepare` or, failing that, at its first step.
 """
 from __future__ import annotations
 
@@ -32,10 +35,12 @@ import torch
 
 from .block_manager import BlockManager
 from .backends.cuda_graph import EngineGraphs
+from .backends.fast import ShapeCost
 from .device import upload
 from .generate import PromptError, check_prompt
 from .model import TinyLlama
 from .paged import PagedKVCache, RowSpec
+from .paths import cache_dir
 from .policies import Policy
 from .sampling import SamplingParams, sample_rows
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -56,6 +61,24 @@ class EngineConfig:
     # Pure-decode steps on static buffers (backends.cuda_graph.EngineGraphs), replayed as
     # CUDA graphs on CUDA, run eagerly elsewhere. None: on CUDA (without compile) only.
     graph: bool | None = None
+    # The fastest path here (tinyserve.backends.fast): the graphs on CUDA; on a CPU the
+    # static-buffer decode steps compiled (Engine.prepare compiles the shapes a run needs).
+    fast: bool = False
+
+    def decode_path(self, device: torch.device) -> tuple[bool, bool]:
+        """(static-buffer decode steps?, compiled?) on ``device``; contradictory switches
+        raise, naming both."""
+        if not self.fast:
+            graph = self.graph if self.graph is not None else \
+                device.type == "cuda" and not self.compile
+            return graph, False
+        if self.compile:
+            raise ValueError("fast=True and compile=True both choose the decode path: fast "
+                             "already compiles on a CPU (graphs on CUDA); drop one")
+        if self.graph is False:
+            raise ValueError("fast=True and graph=False contradict: the fast path runs the "
+                             "decode steps on static buffers; drop one")
+        return True, device.type != "cuda"
 
 
 @dataclass(frozen=True)
@@ -95,13 +118,17 @@ class ModelExecutor:
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, *,
                  graph: bool = False, max_num_seqs: int = 16,
-                 capture: bool | None = None) -> None:
+                 capture: bool | None = None, compiled: bool = False) -> None:
         self.model = model
         self.cache = PagedKVCache(model.config, num_blocks, block_size,
                                   device=model.device, dtype=model.dtype, scratch=graph)
-        self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture) \
-            if graph else None
-        if self.graphs is not None:
+        compiler = None
+        if compiled:    # compiled per shape, by prepare() or at a shape's first step
+            from .backends.fast import engine_step_compiler
+            compiler, capture = engine_step_compiler(cache_dir()), False
+        self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture,
+                                   compiler=compiler) if graph else None
+        if self.graphs is not None and compiler is None:
             self.graphs.warmup()
 
     def now(self) -> float:
@@ -185,10 +212,9 @@ class Engine:
             if config.compile:
                 from .backends.compiled import compile_token_layers
                 compile_token_layers(model)
-            graph = config.graph if config.graph is not None else \
-                model.device.type == "cuda" and not config.compile
+            graph, compiled = config.decode_path(model.device)
             executor = ModelExecutor(model, config.num_blocks, config.block_size, graph=graph,
-                                     max_num_seqs=config.max_num_seqs)
+                                     max_num_seqs=config.max_num_seqs, compiled=compiled)
         self.executor = executor
         self.context_window = context_window or (model.config.max_position_embeddings
                                                  if model is not None else 1 << 30)
@@ -205,6 +231,28 @@ class Engine:
 
     def now(self) -> float:
         return self.executor.now()
+
+    def prepare(self, rows: Iterable[int] = (1,), tokens: int | None = None, *,
+                progress: bool = True) -> list[ShapeCost]:
+        """Make the pure-decode steps of ``rows`` rows (each padded to its bucket) ready for
+        requests of up to ``tokens`` positions (prompt + output; default: the context
+        window), before any request: on a CPU with ``fast=True`` each is a compile (tens of
+        seconds; kernels kept on disk, so a second process compiles faster), on CUDA the
+        graphs are already captured. A compiled step also serves every smaller step (fewer
+        rows, shorter contexts: padded, masked), so preparing the most rows a run will hold at
+        its longest request is enough; a step larger than any prepared compiles when it
+        first comes. A progress bar and a line per shape; returns what each took (0 s for
+        one held already). Without static-buffer steps there is nothing to do."""
+        graphs = getattr(self.executor, "graphs", None)
+        if graphs is None:
+            return []
+        tokens = self.context_window if tokens is None else tokens
+        if not 1 <= tokens <= self.context_window:
+            raise ValueError(f"tokens={tokens}: a request holds 1 to {self.context_window} "
+                             f"positions (the context window)")
+        done = graphs.prepare(list(rows), tokens, progress=progress)
+        return [ShapeCost(f"engine decode {b} rows x {n} blocks", s, s > 0)
+                for (b, n), s in done.items()]
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], max_tokens: int, *,

@@ -300,6 +300,12 @@ class EagerReplay:
         self.step()
 
 
+#: What :class:`EngineGraphs` may be given in place of a capture: a function that turns one
+#: shape's step into something with ``replay()`` (the CPU fast path's compiled step,
+#: :func:`tinyserve.backends.fast.engine_step_compiler`), made ready on the parked buffers.
+StepCompiler = Callable[[Callable[[], Tensor]], "EagerReplay"]
+
+
 class EngineGraphs:
     """The continuous-batching engine's pure-decode steps (every row feeds one token) on
     static buffers, replayed as one CUDA graph per (batch bucket, window), nano-vllm's way.
@@ -319,15 +325,21 @@ class EngineGraphs:
     With ``capture=False`` (the default where CUDA is absent) the very same step runs
     eagerly on the same buffers (an :class:`EagerReplay` per shape): that is how the
     buckets, the padding, the buffers and the warm-up are tested on a CPU against the
-    engine's plain step.
+    engine's plain step. Given a ``compiler`` instead (the CPU fast path), each shape's step
+    is compiled, once, on the parked buffers: a compile takes tens of seconds, so nothing is
+    compiled up front by the engine; :meth:`prepare` compiles the shapes a run needs, and a
+    shape not prepared compiles at its first step.
     """
 
     def __init__(self, model: TinyLlama, cache: PagedKVCache, max_rows: int, *,
-                 capture: bool | None = None) -> None:
+                 capture: bool | None = None, compiler: StepCompiler | None = None) -> None:
         self.model, self.cache, self.device = model, cache, model.device
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device; the model is on {self.device}")
+        if self.capture and compiler is not None:
+            raise ValueError("a step is either captured (CUDA graphs) or compiled, not both")
+        self.compiler = compiler
         self.context = model.config.max_position_embeddings
         self.max_rows = bucket_for(min(max_rows, MAX_BATCH))
         self.max_blocks = -(-self.context // cache.block_size)
@@ -349,6 +361,18 @@ class EngineGraphs:
         return bucket_for(rows, self.max_rows), min(-(-window // self.cache.block_size),
                                                     self.max_blocks)
 
+    def covering(self, bucket: int, blocks: int) -> tuple[int, int]:
+        """The shape a step of ``bucket`` rows and ``blocks`` blocks runs at: itself, or, for
+        compiled steps, the smallest one held that is at least as large (more padding rows,
+        more masked blocks: the same tokens), so that a run that prepared its largest shape
+        never stops to compile a smaller one as its rows leave or before its contexts grow.
+        A compile costs tens of seconds; the padding, a fraction of one step. Captured
+        graphs are all made up front, so they always take their own shape."""
+        if self.compiler is None or (bucket, blocks) in self.graphs:
+            return bucket, blocks
+        larger = [s for s in self.graphs if s[0] >= bucket and s[1] >= blocks]
+        return min(larger) if larger else (bucket, blocks)
+
     def shapes(self) -> list[tuple[int, int]]:
         """Every (bucket, blocks) a step can take, largest first: the order :meth:`warmup`
         captures them in, so the shared pool is sized by the largest graph at once and the
@@ -360,6 +384,28 @@ class EngineGraphs:
         windows.append(self.context)
         return sorted({self.shape(rows, w) for rows in buckets(self.max_rows)
                        for w in windows}, reverse=True)
+
+    def prepare(self, rows: Sequence[int], tokens: int,
+                progress: bool = True) -> dict[tuple[int, int], float]:
+        """Make ready (capture, or compile) the step of each bucket holding ``rows`` rows at
+        the window holding ``tokens`` positions, if not already; return the seconds each
+        shape took now (0.0 for one held already), a progress bar while it runs."""
+        from tqdm.auto import tqdm
+        shapes = list(dict.fromkeys(self.shape(r, tokens) for r in rows))
+        out = {}
+        with tqdm(total=len(shapes), desc="preparing decode steps", unit="shape",
+                  disable=not progress) as bar:
+            for shape in shapes:
+                held = shape in self.graphs
+                if not held:
+                    self._capture(*shape)
+                out[shape] = 0.0 if held else self.capture_seconds[shape]
+                if progress:
+                    bar.write(f"engine decode {shape[0]} rows x {shape[1]} blocks: "
+                              f"{out[shape]:.1f} s" + (" (held)" if held else ""))
+                bar.update()
+        self.checked = True
+        return out
 
     def warmup(self, progress: bool | None = None) -> None:
         """Capture every shape not yet captured (:meth:`shapes`), before any request: a
@@ -373,6 +419,17 @@ class EngineGraphs:
             self._capture(rows, blocks)
         self.checked = True
 
+    def _weights(self) -> tuple:
+        """What the steps were made from: for captured graphs every address they read
+        (:func:`weight_addresses`); for compiled steps, which hold the weights frozen (a
+        copy, as constants), the parameters themselves and their in-place versions: a weight
+        replaced or changed in place compiles again, while the stacked copies an eager step
+        rebuilds (which a frozen step never reads) do not."""
+        if self.compiler is None:
+            return weight_addresses(self.model)
+        held = [*self.model.parameters(), *self.model.buffers()]
+        return tuple(t.data_ptr() for t in held), sum(t._version for t in held)
+
     def _forward(self, rows: int, blocks: int) -> Tensor:
         layout = self.cache.prepare_decode(self.buffers, rows, blocks)
         self.logits[:rows].copy_(self.model(layout.input_ids, None, self.cache)[0])
@@ -382,14 +439,19 @@ class EngineGraphs:
     def _capture(self, rows: int, blocks: int) -> torch.cuda.CUDAGraph | EagerReplay:
         start = time.perf_counter()
         step = functools.partial(self._forward, rows, blocks)
-        if not self.capture:
-            graph: torch.cuda.CUDAGraph | EagerReplay = EagerReplay(step)
-        else:
-            if self.graphs and weight_addresses(self.model) != self._captured_from:
+        if self.capture or self.compiler is not None:
+            if self.graphs and self._weights() != self._captured_from:
                 self.graphs.clear()                   # the others read moved weights
-            self.buffers.park()                       # the warm-up writes the scratch slot only
+            self.buffers.park()                       # made on padding rows: the scratch
+        if self.compiler is not None:                 # slot is all they write
+            graph: torch.cuda.CUDAGraph | EagerReplay = self.compiler(step)
+            graph.replay()                            # compiles
+            self._captured_from = self._weights()
+        elif not self.capture:
+            graph = EagerReplay(step)
+        else:
             graph, _ = record(step, self.device)
-            self._captured_from = weight_addresses(self.model)
+            self._captured_from = self._weights()
         self.graphs[rows, blocks] = graph
         self.captures += 1
         self.capture_seconds[rows, blocks] = time.perf_counter() - start
@@ -404,12 +466,17 @@ class EngineGraphs:
         rows = len(positions)
         if not 1 <= rows <= self.max_rows:
             raise ValueError(f"a static decode step takes 1 to {self.max_rows} rows, got {rows}")
-        bucket, blocks = self.shape(rows, max(positions) + 1)
+        bucket, blocks = self.covering(*self.shape(rows, max(positions) + 1))
         self.steps += 1
-        if self.capture and not self.checked:
-            if self.graphs and weight_addresses(self.model) != self._captured_from:
+        if (self.capture or self.compiler is not None) and not self.checked:
+            if self.graphs and self._weights() != self._captured_from:
+                held = list(self.graphs)
                 self.graphs.clear()                   # every graph reads moved weights:
-                self.warmup()                         # all captured again, at once
+                if self.capture:                      # all captured again, at once
+                    self.warmup()
+                else:                                 # compiled again, the shapes in use
+                    for shape in held:
+                        self._capture(*shape)
             self.checked = True
         # Captured up front (warmup); only a decoder used without one captures here.
         graph = self.graphs.get((bucket, blocks)) or self._capture(bucket, blocks)

@@ -36,7 +36,7 @@ fine-tuning) makes the next request compile again instead of reading stale weigh
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 import functools
 import os
@@ -54,9 +54,9 @@ from .decoder_cache import DecoderCache
 from .spec_graphs import StaticPasses, static_passes
 from .static import window_for
 
-__all__ = ["CPU_RECIPE", "FASTEST", "Recipe", "Shape", "ShapeCost", "compile_settings",
-           "draft_shape", "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare",
-           "verify_shape"]
+__all__ = ["CPU_RECIPE", "FASTEST", "CompiledStep", "Recipe", "Shape", "ShapeCost",
+           "compile_settings", "draft_shape", "engine_step_compiler", "fast_decoder",
+           "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
 @dataclass(frozen=True)
 class Recipe:
@@ -148,6 +148,38 @@ def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
 def _settings(recipe: Recipe):
     """What to hold around a compiling call: :func:`compile_settings` (freezing) or None."""
     return functools.partial(compile_settings, True) if recipe.freezing else None
+
+
+class CompiledStep:
+    """One of the engine's decode steps (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`:
+    one batch bucket x blocks per row, on the paged pool's static buffers) compiled with
+    ``recipe``, where a CUDA graph would be captured: :meth:`replay` runs it, the first call
+    compiling (``compile_seconds``)."""
+
+    def __init__(self, step: Callable[[], Tensor], recipe: Recipe) -> None:
+        self._step = torch.compile(step, backend=recipe.backend,
+                                   options=recipe.compile_options(), fullgraph=True,
+                                   dynamic=False)
+        self._settings = _settings(recipe)
+        self.compile_seconds: float | None = None
+
+    def replay(self) -> None:
+        if self.compile_seconds is not None:
+            self._step()
+            return
+        start = time.perf_counter()
+        with compiling(self._settings):      # freezing is read while tracing (see the module)
+            self._step()
+        self.compile_seconds = time.perf_counter() - start
+
+
+def engine_step_compiler(cache: Path | None = None) -> Callable[[Callable[[], Tensor]],
+                                                                CompiledStep]:
+    """What the engine's executor hands :class:`~tinyserve.backends.cuda_graph.EngineGraphs`
+    on a CPU for ``fast=True``: each shape's step compiled with :data:`CPU_RECIPE` (read
+    now), its kernels kept in ``cache`` (:func:`inductor_cache`)."""
+    inductor_cache(cache)
+    return functools.partial(CompiledStep, recipe=CPU_RECIPE)
 
 
 class CompiledPasses(StaticPasses):
