@@ -181,3 +181,38 @@ def test_serve_compile_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) 
     assert seen["engine_config"].compile is True
     assert main(["serve", "--port", str(port)]) == 0
     assert seen["engine_config"].compile is False
+
+
+def test_serve_fast_flag_reaches_the_engine_and_excludes_compile(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import socket
+    import tinyserve.serving.server as server
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda host, port, **kw: seen.update(kw))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["serve", "--port", str(port), "--fast"]) == 0
+    assert seen["engine_config"].fast is True and seen["engine_config"].compile is False
+    assert main(["serve", "--port", str(port), "--fast", "--compile"]) == 2
+    assert "--fast and --compile both choose the decode path" in capsys.readouterr().err
+
+
+def test_a_fast_server_prepares_its_largest_step_before_it_serves(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # Traced only (the fast path's one knob): the plumbing, in seconds.
+    from fastapi.testclient import TestClient
+    from tinyserve.backends import fast
+    from tinyserve.engine import EngineConfig
+    from tinyserve.serving.server import create_app
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    config = EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4, fast=True)
+    app = create_app(engine_config=config)
+    with TestClient(app) as client:
+        graphs = app.state.server.engine.engine.executor.graphs
+        assert list(graphs.graphs) == [(4, graphs.max_blocks)]       # made at start-up
+        reply = client.post("/v1/completions", json={"model": "target", "prompt": "Hello",
+                                                     "max_tokens": 5})
+        assert reply.status_code == 200, reply.text
+        assert list(graphs.graphs) == [(4, graphs.max_blocks)] and graphs.steps > 0

@@ -247,6 +247,10 @@ def add_serve_parser(sub: SubParsers) -> None:
                    help="seconds in-flight requests get to finish at shutdown")
     s.add_argument("--compile", action="store_true",
                    help="torch.compile the engine's MLPs (dynamic token count); compiles first")
+    s.add_argument("--fast", action="store_true",
+                   help="the fastest decode steps here: CUDA graphs on a GPU; on a CPU one "
+                        "compiled step for --max-num-seqs rows over the whole window, made "
+                        "before the server listens (a minute or more; kept in .cache/)")
     s.set_defaults(func=_cmd_serve)
 
 

@@ -26,6 +26,7 @@ class ServeOptions:
     drain_timeout_s: float = 10.0       # seconds in-flight requests get at shutdown
     allow_remote: bool = False
     compile: bool = False               # torch.compile the engine's token-wise layers
+    fast: bool = False                  # the fastest decode path (tinyserve.backends.fast)
 
     def check(self) -> None:
         """Raise ValueError naming the flag and its limit for a value the server cannot use."""
@@ -41,6 +42,9 @@ class ServeOptions:
                                  ("--max-waiting", self.max_waiting, 0)):
             if value < low:
                 raise ValueError(f"{flag} must be at least {low}, got {value}")
+        if self.fast and self.compile:
+            raise ValueError("--fast and --compile both choose the decode path: --fast already "
+                             "compiles on a CPU (CUDA graphs on a GPU); pass one")
         if self.queue_timeout_s <= 0:
             raise ValueError(f"--queue-timeout must be a positive number of seconds, got "
                              f"{self.queue_timeout_s}")
@@ -52,7 +56,7 @@ class ServeOptions:
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "chunked_prefill": self.chunked_prefill,
                 "enable_prefix_caching": self.prefix_caching, "policy": self.policy,
-                "compile": self.compile}
+                "compile": self.compile, "fast": self.fast}
 
     def app_kwargs(self) -> dict[str, Any]:
         """What :func:`~tinyserve.serving.server.create_app` takes besides the engine config."""

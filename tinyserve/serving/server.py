@@ -147,7 +147,12 @@ class OpenAIServer:
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         """Start the engine thread with the app; drain in-flight requests at shutdown."""
         st = self.state
-        engine = AsyncEngine(Engine(st.model, st.engine_config), max_waiting=st.max_waiting,
+        inner = Engine(st.model, st.engine_config)
+        if st.engine_config.fast:
+            # Before the first request: a compile on a CPU (graphs on CUDA are made with the
+            # engine). The largest step serves every smaller one (Engine.prepare).
+            inner.prepare(rows=(st.engine_config.max_num_seqs,), progress=True)
+        engine = AsyncEngine(inner, max_waiting=st.max_waiting,
                              queue_timeout_s=st.queue_timeout_s)
         metrics = ServerMetrics(engine.stats)
         engine.listeners.append(lambda req, event, trace: metrics.observe(trace))
