@@ -154,14 +154,18 @@ def test_bench_all_runs_each_suite_in_its_own_process_and_compares_before_replac
     assert "contiguous" in (tmp_path / "paged.txt").read_text()   # the printed tables kept
 
 
-#: bench scale's ratios (issue 30); the int8, speculative and tensor-parallel ones are measured
-#: wherever their kernel or module is available (the report says why otherwise).
+#: bench scale's ratios (issue 30, issue 37 item 5); the int8, speculative, engine,
+#: tensor-parallel and repeat-preparation ones are measured wherever their kernel or module is
+#: available (the report says why otherwise).
 SCALE_CORE = {"scale_decode_mbu_b1", "scale_step_rows4_vs_rows1",
               "scale_knee_measured_vs_predicted", "scale_verify_k4_vs_step",
               "scale_cache_speedup_512", "scale_prefill_tokens_per_step"}
 SCALE_OPTIONAL = {"int8": {"scale_int8_decode_speedup"},
-                  "speculative": {"scale_spec_measured_vs_predicted"},
-                  "tensor_parallel": {"scale_tp2_decode_speedup", "scale_tp2_vs_bandwidth_bound"}}
+                  "speculative_fast": {"scale_spec_speedup_fast",
+                                       "scale_spec_measured_vs_predicted"},
+                  "engine_fast": {"scale_engine_mbu_b1", "scale_engine_throughput_4_vs_1"},
+                  "tensor_parallel": {"scale_tp2_decode_speedup", "scale_tp2_vs_bandwidth_bound"},
+                  "prepare_repeat": {"scale_prepare_repeat_s"}}
 
 
 def test_scale_suite_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -192,6 +196,17 @@ def test_scale_suite_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFix
                and r["fastest_ms"] == min(r["eager_ms"], r["compiled_ms"]) for r in m["sweep"])
     assert set(m["read_bandwidth_gb_per_s"]) == {"sum", "copy", "matvec"}
     assert m["verify_vs_step"]["compiled_verify_ms"] > 0 and m["long_context"]["prefill_ms"] > 0
+    # The eager speculative run is kept beside the fast one the ratios read; both sides of
+    # the fast one report tokens/s; the repeat preparation ran in two processes.
+    assert "measured_speedup" in m["speculative"] or "skipped" in m["speculative"]
+    if "skipped" not in m["speculative_fast"]:
+        assert m["speculative_fast"]["fast"] is True
+        assert min(m["speculative_fast"]["spec_tokens_per_s"],
+                   m["speculative_fast"]["plain_tokens_per_s"]) > 0
+    if "skipped" not in m["prepare_repeat"]:
+        assert min(m["prepare_repeat"]["first_s"], m["prepare_repeat"]["trace_s"]) > 0
+    if "skipped" not in m["engine_fast"]:
+        assert {"1", "4"} <= set(m["engine_fast"]["steps"])
     # Every ratio is declared in the ledger, and each missed goal has its note.
     declared = {h.name: h for h in BY_SUITE["scale"].headlines}
     assert set(data["ratios"]) <= set(declared)

@@ -22,27 +22,44 @@ What one run measures, in this order:
   fp32, batch 1, eager both;
 - a cached step against recomputing the whole 512-token context, and a 512-token prefill;
 - speculative decoding at k = 4 with the bandwidth-draft model's real passes proposing the
-  target's own greedy tokens at a set acceptance (:mod:`tinyserve.draft_replay`), against the
-  speed-up :func:`~tinyserve.speculative.predicted_speedup` predicts from the acceptance and
-  the pass costs measured here;
+  target's own greedy tokens at a set acceptance (:mod:`tinyserve.draft_replay`), against
+  plain decoding of the same tokens, twice: eager (kept in the report as ``speculative``), and
+  on the fast path both sides (:mod:`tinyserve.backends.fast`: the verify passes, the draft
+  steps and the plain decode, ``fast=True``; ``speculative_fast``), each against the speed-up
+  :func:`~tinyserve.speculative.predicted_speedup` predicts from the acceptance and the pass
+  costs measured on the same path in the same run;
+- the continuous-batching engine on the fast path (``EngineConfig(fast=True)``, its 1- and
+  4-row decode shapes prepared first): its batch-1 decode step against the bytes it reads,
+  and 4 concurrent requests' output tokens/s against one's;
 - tensor parallelism over two processes against one, next to what two processes read
-  together against one alone (:mod:`tinyserve.parallel.timing`).
+  together against one alone (:mod:`tinyserve.parallel.timing`);
+- a chapter's fast shape (batch 1, a 128-token window) prepared in a fresh process and again
+  in a second one sharing its persistent cache (``TINYSERVE_CACHE_DIR``), and a third that
+  only traces it: what a learner waits the second time.
 
-Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issue 30):
+Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issues 30 and 37):
 ``scale_decode_mbu_b1`` (bytes of a batch-1 step / best read bandwidth / step time, fastest
 path), ``scale_step_rows4_vs_rows1``, ``scale_knee_measured_vs_predicted`` (rows where a step
 first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
-``scale_verify_k4_vs_step``, ``scale_spec_measured_vs_predicted``, ``scale_tp2_decode_speedup``,
+``scale_verify_k4_vs_step``, ``scale_spec_speedup_fast`` (fast speculative over fast plain
+decoding), ``scale_spec_measured_vs_predicted`` (of that fast run), ``scale_engine_mbu_b1``
+(the engine's median batch-1 decode step against the same bandwidth reference as
+``scale_decode_mbu_b1``), ``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
 ``scale_tp2_vs_bandwidth_bound`` (TP speed-up / two-process read-bandwidth gain),
-``scale_cache_speedup_512``, ``scale_prefill_tokens_per_step``. Where a goal is missed the
-report's ``notes`` say what the measurements beside it show.
+``scale_cache_speedup_512``, ``scale_prefill_tokens_per_step``, ``scale_prepare_repeat_s``
+(the second process's seconds). Where a goal is missed the report's ``notes`` say what the
+measurements beside it show.
 
-Every time is the fastest of several runs (other processes only slow a run down). One torch
-thread per process. ``--quick`` runs the same code on tiny random models and only traces the
-compiled paths: its figures mean nothing and the report says so.
+Every time is the fastest of several runs (other processes only slow a run down), except
+the engine's decode step: the median of one recorded run's steps. One torch thread per
+process. ``--quick`` runs the same code on tiny random models and only traces the
+compiled paths (the fast path's recipe set to trace, as the tests do): its figures mean
+nothing and the report says so.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+import contextlib
 import functools
 import gc
 import math
@@ -56,6 +73,7 @@ from tinyserve.device import default_device, default_dtype
 from tinyserve.generate import extend, generate, prefill
 from tinyserve.kv_cache import KVCache
 from tinyserve.model import TinyLlama
+from tinyserve.paths import cache_dir
 from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile_settings,
                                 decode_cost, eager_step_seconds, flop_ceiling, matmul_flops,
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
@@ -108,11 +126,15 @@ def forget_compiled(model: TinyLlama) -> None:
     """Drop every compiled graph before compiling the next: with freezing, each holds the
     weights as constants (packed for its GEMMs) in the globals of the Python module inductor
     generated, and a dynamo reset alone leaves those modules loaded (measured here: +400 MB
-    of resident memory per bucket, 4.8 GB peak over the sweep; with this, 1.9 GB)."""
+    of resident memory per bucket, 4.8 GB peak over the sweep; with this, 1.9 GB). The fast
+    path's compiled passes (speculation) go too."""
     import sys
 
     from torch._inductor.codecache import PyCodeCache
+
+    from tinyserve.backends import fast as fastpath
     _DECODERS.drop(model)
+    fastpath._PASSES.drop(model)          # the fast path's compiled passes (speculation)
     torch._dynamo.reset()
     PyCodeCache.cache_clear()
     for name, module in list(sys.modules.items()):
@@ -233,47 +255,70 @@ def _drafter_models(quick: bool, device: torch.device, dtype: torch.dtype) -> Ti
 
 
 @torch.no_grad()
-def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
+def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int,
+                         fast: bool = False) -> dict[str, Any]:
     """Speculative decoding at k = K with the draft model's real passes proposing the target's
     own greedy continuation, each guess right with probability :data:`SPEC_ACCEPTANCE`
     (:class:`~tinyserve.draft_replay.ReplayDrafter`), against plain greedy decoding of the
-    same prompts (outputs checked equal). The prediction uses the acceptance measured in the
-    run and pass costs measured here on the same eager code the loops run."""
+    same prompts (outputs checked equal), same tokens both sides. The prediction uses the
+    acceptance measured in the run and pass costs measured here on the code the loops run:
+    eager, or with ``fast`` the fast path on both sides (verify passes, draft steps and the
+    plain decode: :mod:`tinyserve.backends.fast`), its shapes prepared first (not timed)."""
     try:
         from tinyserve.draft_replay import ReplayDrafter, greedy_script
     except ImportError as err:
         return {"skipped": f"tinyserve.draft_replay is not available ({err})"}
-    device = target.device
-    draft = _drafter_models(quick, device, target.dtype)
+    draft = _drafter_models(quick, target.device, target.dtype)
     prompt_len, max_tokens = (8, 16) if quick else (32, 64)
     prompts = [_prompts(target, 1, prompt_len, seed=10 + i)[0].tolist() for i in range(2)]
-    scripts = [greedy_script(target, p, max_tokens) for p in prompts]
-    stats_all = []
-    spec_s = plain_s = 0.0
-    for i, (p, script) in enumerate(zip(prompts, scripts)):
-        def spec_once(p=p, script=script, i=i) -> Any:
-            drafter = ReplayDrafter(draft, script, SPEC_ACCEPTANCE, seed=i)
-            return speculative_generate(target, drafter, p, max_tokens, k=K)
-        got, stats = spec_once()
-        if got != script:
+    prepared = _prepare_spec(target, draft, prompt_len + max_tokens) if fast else []
+    # The script is what plain decoding on the same path emits: the tokens compared with.
+    scripts = [generate(target, p, max_tokens, fast=True).tokens if fast else
+               greedy_script(target, p, max_tokens) for p in prompts]
+
+    def spec_once(i: int) -> Any:
+        drafter = ReplayDrafter(draft, scripts[i], SPEC_ACCEPTANCE, seed=i, fast=fast)
+        return speculative_generate(target, drafter, prompts[i], max_tokens, k=K, fast=fast)
+    stats_all, spec_s, plain_s = [], 0.0, 0.0
+    for i, p in enumerate(prompts):
+        got, stats = spec_once(i)
+        if got != scripts[i]:
             raise RuntimeError("speculative output differs from plain greedy decoding at "
                                "scale; verification is wrong")
         stats_all.append(stats)
-        runs = interleaved_seconds({"spec": spec_once,
-                                    "plain": lambda p=p: generate(target, p, max_tokens)},
-                                   device, rounds, warmup=0)
+        runs = interleaved_seconds(
+            {"spec": functools.partial(spec_once, i),
+             "plain": lambda p=p: generate(target, p, max_tokens, fast=fast)},
+            target.device, rounds, warmup=0)
         spec_s, plain_s = spec_s + min(runs["spec"]), plain_s + min(runs["plain"])
+    context = prompt_len + max_tokens // 2
+    costs = (fast_pass_costs(target, draft, context, rounds * 3, prompt_len + max_tokens)
+             if fast else pass_costs(target, draft, context, rounds * 3))
+    tokens = sum(len(s) for s in scripts)
+    out = {**_spec_figures(stats_all, spec_s, plain_s, costs), "fast": fast,
+           "spec_tokens_per_s": tokens / spec_s, "plain_tokens_per_s": tokens / plain_s,
+           "tokens": tokens, "prompts": len(prompts), "prompt_tokens": prompt_len,
+           "max_tokens": max_tokens, "k": K}
+    if fast:
+        out["prepare_s"] = {c.label: c.seconds for c in prepared}
+        forget_compiled(draft)
+    del draft
+    gc.collect()
+    return out
+
+
+def _spec_figures(stats_all: list[Any], spec_s: float, plain_s: float,
+                  costs: dict[str, float]) -> dict[str, Any]:
+    """Acceptance, measured and predicted speed-up (from the acceptance measured and the
+    pass costs ``costs``: decode, verify and draft-step milliseconds) of a speculative run."""
     accepted = sum(s.accepted for s in stats_all)
     checked = sum(s.accepted + s.rejected for s in stats_all)
     a = accepted / max(checked, 1)
-    costs = pass_costs(target, draft, prompt_len + max_tokens // 2, rounds * 3)
     draft_cost = costs["draft_step_ms"] / costs["decode_ms"]
     verify_cost = costs["verify_ms"] / costs["decode_ms"]
     predicted = predicted_speedup(a, K, draft_cost, verify_cost)
     measured = plain_s / spec_s
     passes = sum(s.target_passes for s in stats_all)
-    del draft
-    gc.collect()
     return {"acceptance_set": SPEC_ACCEPTANCE, "acceptance_prob": a,
             "acceptance_rate": accepted / max(sum(s.proposed for s in stats_all), 1),
             "tokens_per_pass_expected": expected_tokens_per_pass(a, K),
@@ -283,8 +328,18 @@ def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int) -> dict[st
             "predicted_speedup": predicted, "measured_vs_predicted": measured / predicted,
             "target_passes": passes, "spec_pass_ms": 1e3 * spec_s / max(passes, 1),
             "formula_pass_ms": K * costs["draft_step_ms"] + costs["verify_ms"],
-            "pass_costs_ms": costs, "prompts": len(prompts), "prompt_tokens": prompt_len,
-            "max_tokens": max_tokens, "k": K}
+            "pass_costs_ms": costs}
+
+
+def _prepare_spec(target: TinyLlama, draft: TinyLlama, tokens: int) -> list[Any]:
+    """Compile (CUDA: capture) every fast shape the speculative and plain runs of ``tokens``
+    positions use, before any is timed: the target's decode step and verify passes 1..K+1,
+    the draft's steps; their costs."""
+    from tinyserve.backends.fast import Shape, draft_shape, prepare, verify_shape
+    root = cache_dir()
+    return [*prepare(target, [Shape(tokens), verify_shape(K, tokens)], progress=False,
+                     cache=root),
+            *prepare(draft, [draft_shape(tokens)], progress=False, cache=root)]
 
 
 @torch.no_grad()
@@ -310,6 +365,54 @@ def pass_costs(target: TinyLlama, draft: TinyLlama, context: int, rounds: int) -
     return {f"{name}_ms": 1e3 * min(times) for name, times in runs.items()}
 
 
+@torch.no_grad()
+def fast_pass_costs(target: TinyLlama, draft: TinyLlama, context: int, rounds: int,
+                    tokens: int) -> dict[str, float]:
+    """:func:`pass_costs` on the fast path, the functions the fast runs of ``tokens``
+    positions use: the target's plain decode step (compiled step on a CPU, CUDA graph on
+    CUDA), its (K+1)-token verify pass and the draft's one-token step (the speculative
+    loops' static passes)."""
+    from tinyserve.backends.fast import fast_passes
+    device = target.device
+    ids = _prompts(target, 1, context + K + 1, seed=3)
+    step, release_step = _fast_plain_step(target, tokens, ids[:, :context])
+    verify = fast_passes(target, tokens, range(1, K + 2), cache=cache_dir())
+    drafts = fast_passes(draft, tokens, (1, 2), cache=cache_dir())
+    try:
+        for passes in (verify, drafts):
+            passes.reset()
+            passes.prefill(ids[:, :context])
+
+        def feed(passes: Any, width: int) -> None:
+            passes.feed(ids[:, context:context + width])
+            passes.rewind(context)                  # each run measures the same pass
+        runs = interleaved_seconds({
+            "decode": functools.partial(step, ids[:, context]),
+            "verify": functools.partial(feed, verify, K + 1),
+            "draft_step": functools.partial(feed, drafts, 1)}, device, rounds)
+    finally:
+        verify.release()
+        drafts.release()
+        release_step()
+    return {f"{name}_ms": 1e3 * min(times) for name, times in runs.items()}
+
+
+def _fast_plain_step(model: TinyLlama, tokens: int, prompt: torch.Tensor) -> tuple[Any, Any]:
+    """The fast path's one-row decode step (what ``generate(..., fast=True)`` runs) after
+    ``prompt`` (1, T), as ``step(token)`` at position T each call, and its release."""
+    T, device = prompt.shape[1], model.device
+    if device.type == "cuda":
+        from tinyserve.backends.cuda_graph import graph_decoder
+        graphed = graph_decoder(model, 1, tokens=tokens)
+        graphed.prefill(prompt, [T])
+        return (lambda token: graphed.step(token, [T])), graphed.release
+    from tinyserve.backends.fast import fast_decoder
+    decoder = fast_decoder(model, 1, tokens, cache=cache_dir())
+    decoder.prefill(prompt)
+    position = torch.tensor([T], device=device)
+    return (lambda token: decoder.step(token, position)), (lambda: None)
+
+
 def tensor_parallel(quick: bool, repeats: int) -> dict[str, Any]:
     """Two tensor-parallel ranks against one process on the scale model, and what two
     processes read together against one alone (:mod:`tinyserve.parallel.timing`)."""
@@ -331,6 +434,138 @@ def tensor_parallel(quick: bool, repeats: int) -> dict[str, Any]:
                    "allreduce_share": tp.allreduce_share, "whole_bytes": tp.whole_bytes,
                    "shard_bytes": tp.shard_bytes},
             "tp2_vs_bandwidth_bound": tp.speedup / bw.speedup}
+
+
+#: The engine runs: prompt tokens and new tokens per request (``--quick``: 8 and 8).
+ENGINE_PROMPT, ENGINE_NEW = 64, 32
+
+
+@torch.no_grad()
+def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
+    """The continuous-batching engine on the fast path (``EngineConfig(fast=True)``: its
+    pure-decode steps on static buffers, compiled with the fast recipe on a CPU, CUDA graphs
+    on CUDA), the shapes of 1 and 4 rows prepared first (no compile timed) and one untimed
+    round: the whole run of 1 request and of 4 at once (same prompt length and
+    ``max_tokens``), fastest of ``rounds`` taken in turns; then one recorded run of each,
+    whose pure-decode steps' median seconds are the engine's step at that many rows."""
+    import dataclasses
+    import statistics
+    from tinyserve.engine import Engine, EngineConfig
+    if "fast" not in {f.name for f in dataclasses.fields(EngineConfig)}:
+        return {"skipped": "this engine has no EngineConfig(fast=True) (the fast path's "
+                           "decode steps in the engine)"}
+    prompt_len, new = (8, 8) if quick else (ENGINE_PROMPT, ENGINE_NEW)
+    engine = Engine(model, EngineConfig(max_num_seqs=4, enable_prefix_caching=False,
+                                        fast=True), record_steps=True)
+    prepared = engine.prepare(rows=(1, 4), tokens=prompt_len + new, progress=False)
+    seeds = iter(range(100, 10**6))
+
+    def serve(n: int) -> None:
+        for _ in range(n):    # new prompts each run (no prefix to share)
+            engine.add_request(_prompts(model, 1, prompt_len, seed=next(seeds))[0].tolist(),
+                               new)
+        engine.run()
+    runs = interleaved_seconds({"one": functools.partial(serve, 1),
+                                "four": functools.partial(serve, 4)}, model.device, rounds)
+    steps = {}
+    for n in (1, 4):
+        engine.step_log.clear()
+        serve(n)
+        log = engine.step_log
+        decode = [r.seconds for r in log if r.num_rows == r.num_tokens == n]
+        steps[str(n)] = {"decode_step_ms": 1e3 * statistics.median(decode),
+                    "decode_steps": len(decode), "steps": len(log),
+                    "other_steps_s": sum(r.seconds for r in log
+                                         if not r.num_rows == r.num_tokens == n),
+                    "step_s": sum(r.seconds for r in log)}
+    one_s, four_s = min(runs["one"]), min(runs["four"])
+    del engine
+    forget_compiled(model)
+    return {"prompt_tokens": prompt_len, "new_tokens": new, "context": prompt_len + new // 2,
+            "one_run_s": one_s, "four_run_s": four_s,
+            "one_tokens_per_s": new / one_s, "four_tokens_per_s": 4 * new / four_s,
+            "throughput_4_vs_1": 4 * one_s / four_s, "steps": steps,
+            "prepare_s": {c.label: c.seconds for c in prepared}}
+
+
+#: One process preparing the fast path for one shape, its figures as JSON on its last line:
+#: argv ``recipe`` ("fastest", or "traced": :data:`~tinyserve.backends.fast.CPU_RECIPE` set
+#: to only trace), ``model`` ("bandwidth", or a tiny model's config as JSON), ``tokens``.
+_PREPARE_SCRIPT = """
+import json, sys, time
+import torch
+torch.set_num_threads(1)
+from tinyserve.backends import fast
+from tinyserve.device import default_device, default_dtype
+from tinyserve.paths import cache_dir
+recipe, model, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if recipe == "traced":
+    fast.CPU_RECIPE = fast.Recipe((), False, "eager")
+device = default_device()
+dtype = default_dtype(device)
+if model == "bandwidth":
+    from tinyserve.checkpoint import load_model
+    net = load_model("bandwidth", device=device, dtype=dtype).eval()
+else:
+    from tinyserve.config import ModelConfig
+    from tinyserve.model import TinyLlama
+    torch.manual_seed(0)
+    net = TinyLlama(ModelConfig(**json.loads(model))).eval().to(device, dtype)
+start = time.perf_counter()
+costs = fast.prepare(net, [fast.Shape(tokens=tokens, batch=1)], progress=False,
+                     cache=cache_dir())
+print(json.dumps({"total_s": time.perf_counter() - start,
+                  "costs": [[c.label, c.seconds, c.compiled] for c in costs]}))
+"""
+#: A chapter's fast shape (one row, a 128-token window), prepared in fresh processes
+#: (``--quick``: 32, inside the tiny model's window).
+PREPARE_TOKENS = 128
+
+
+def prepare_repeat(quick: bool) -> dict[str, Any]:
+    """:func:`tinyserve.backends.fast.prepare` of a chapter's shape (batch 1, window of
+    :data:`PREPARE_TOKENS`) on the scale model in two fresh processes, one after the other,
+    sharing one new persistent cache (``TINYSERVE_CACHE_DIR``): the first compiles from
+    nothing, the second finds the first's kernels. Then a third that only traces the same
+    shape (TorchDynamo, no inductor): the part of a repeat no cache removes. Seconds each.
+    ``--quick``: the tiny model, every process only tracing (seconds)."""
+    import dataclasses
+    import json
+    import tempfile
+    model = json.dumps(dataclasses.asdict(QUICK_CONFIG)) if quick else "bandwidth"
+    recipe, limit = ("traced", 300) if quick else ("fastest", 1800)
+    shape = (recipe, model, 32 if quick else PREPARE_TOKENS)
+    with tempfile.TemporaryDirectory(prefix="tinyserve-prepare-") as folder:
+        first = _prepare_process(*shape, folder, limit)
+        second = _prepare_process(*shape, folder, limit)
+    with tempfile.TemporaryDirectory(prefix="tinyserve-trace-") as folder:
+        traced = _prepare_process("traced", *shape[1:], folder, limit)
+    return {"first_s": first["total_s"], "second_s": second["total_s"],
+            "trace_s": traced["total_s"], "first_costs": first["costs"],
+            "second_costs": second["costs"], "tokens": shape[2], "batch": 1,
+            "recipe": recipe, "deadline_s": limit}
+
+
+def _prepare_process(recipe: str, model: str, tokens: int, cache: str,
+                     limit: float) -> dict[str, Any]:
+    """Run :data:`_PREPARE_SCRIPT` in a fresh interpreter (one thread) with ``cache`` as its
+    ``TINYSERVE_CACHE_DIR`` and nothing else pointing inductor elsewhere; killed after
+    ``limit`` seconds (``subprocess.run``'s timeout kills the child before raising)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FORCE_DISABLE_CACHES")}
+    env.update(TINYSERVE_CACHE_DIR=cache, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", _PREPARE_SCRIPT, recipe, model,
+                           str(tokens)], env=env, capture_output=True, text=True,
+                          timeout=limit, cwd=Path(__file__).resolve().parents[2])
+    if done.returncode != 0:
+        raise RuntimeError(f"a prepare process ({recipe}) exited with {done.returncode}: "
+                           f"{done.stderr.strip()[-400:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # --- the suite ----------------------------------------------------------------------------
@@ -369,7 +604,6 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
     fast = fastest_mode(device, quick)
     prompt_len, n, repeats = (8, 4, 1) if quick else (64, 16, 3)
     rows_list = QUICK_ROWS if quick else ROWS
-    rounds = 2 if quick else 9
 
     def ceilings() -> tuple[ReadBandwidth, float]:
         return (read_bandwidth(device, (16 if quick else 512) * 2**20),
@@ -383,8 +617,59 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
     print(f"bench scale: {name} on {device}, {str(dtype).removeprefix('torch.')}; fastest "
           f"path: {fast}", flush=True)
 
-    # 1. Decode step against rows, eager and compiled (each bucket's window leaves room for
-    # the verify pass, which runs on the one-row decoder while its graph exists).
+    # 1. Decode step against rows, eager and compiled, and the verify pass.
+    sweep, compile_s, verify = rows_and_verify(model, fast, rows_list, prompt_len, n,
+                                               repeats, 2 if quick else 9)
+    again, flop_again = ceilings()
+    ways = ReadBandwidth({w: max(r, again.ways[w]) for w, r in ways.ways.items()})
+    m = roofline_figures(model, sweep, prompt_len + n // 2, ways, max(flop_rate, flop_again))
+    m.update(compile_s=compile_s, verify_vs_step=verify)
+
+    # 2. int8 weights, 3. long context, 4. speculative decoding (eager, then the fast path
+    # both sides), 5. the engine on the fast path, 6. tensor parallelism, 7. a fast shape
+    # prepared again in a second process.
+    m["int8"] = int8_vs_fp32(model, _prompts(model, 1, prompt_len), n, repeats)
+    long_n = 32 if quick else LONG_CONTEXT
+    m["long_context"] = {"tokens": long_n, **long_context(model, long_n, 2 if quick else 5)}
+    m["speculative"] = _part(speculative_at_scale, model, quick, 2 if quick else 3)
+    with fast_recipe(quick):
+        m["speculative_fast"] = _part(speculative_at_scale, model, quick, 2 if quick else 3,
+                                      True)
+        m["engine_fast"] = _part(engine_fast, model, quick, 1 if quick else 3)
+    if "skipped" not in m["engine_fast"]:
+        m["engine_fast"]["mbu_b1"] = engine_mbu(model, m["engine_fast"], m["bandwidth_gb_per_s"])
+    del model
+    gc.collect()
+    m["tensor_parallel"] = _part(tensor_parallel, quick, 2 if quick else 5)
+    m["prepare_repeat"] = _part(prepare_repeat, quick)
+
+    ratios = scale_ratios(m)
+    notes = explain(ratios, m)
+    print_summary(ratios, m, notes)
+    data = report("scale", ratios=ratios, measurements=m,
+                  conditions={"model": name, "device": str(device), "dtype": str(dtype),
+                              "config": {k: getattr(cfg, k) for k in (
+                                  "hidden_size", "intermediate_size", "num_hidden_layers",
+                                  "num_attention_heads", "num_key_value_heads", "vocab_size",
+                                  "max_position_embeddings")},
+                              "prompt_tokens": prompt_len, "steps": n, "repeats": repeats,
+                              "rounds": 2 if quick else 9, "rows": list(rows_list),
+                              "fastest_path": fast, "k": K,
+                              "figures": "meaningless (--quick: tiny random models)"
+                              if quick else "timings on this machine; the text is noise"},
+                  quick=quick)
+    data["notes"] = notes
+    write_json(data, json_path)
+    return data
+
+
+def rows_and_verify(model: TinyLlama, fast: dict[str, Any], rows_list: tuple[int, ...],
+                    prompt_len: int, n: int, repeats: int,
+                    rounds: int) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, float]]:
+    """The decode step at each of ``rows_list``, eager and compiled (:func:`~tinyserve.
+    roofline.row_sweep`), and the verify pass against a step on the one-row decoder while
+    its graph exists (each bucket's window leaves room for it): the sweep's entries, each
+    bucket's compile seconds, :func:`verify_vs_step`'s figures."""
     context = prompt_len + n // 2
     sweep, compile_s, verify = [], {}, {}
     compiled_options = {**fast, "tokens": prompt_len + n + K + 1}
@@ -408,13 +693,17 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
         print(f"  rows {rows}: eager {eager * 1e3:.1f} ms, compiled {compiled * 1e3:.1f} ms "
               f"(compile {compile_s[str(rows)]:.0f} s)", flush=True)
     row_sweep(model, prompts, rows_list, n, repeats, compiled=compiled_options, after=measured)
-    again, flop_again = ceilings()
-    ways = ReadBandwidth({w: max(r, again.ways[w]) for w, r in ways.ways.items()})
-    flop_rate = max(flop_rate, flop_again)
+    return sweep, compile_s, verify
+
+
+def roofline_figures(model: TinyLlama, sweep: list[dict[str, Any]], context: int,
+                     ways: ReadBandwidth, flop_rate: float) -> dict[str, Any]:
+    """The machine's ceilings as finally measured, each sweep entry's memory and compute
+    bounds under them, the batch-1 MBU and the knee (measured and roofline); the table
+    printed. The report's measurements so far."""
     bandwidth = ways.best
-    for entry in sweep:   # the bounds with the machine's ceilings as finally measured
-        cost = decode_cost(model, entry["rows"], context)
-        bound = bounds_seconds(cost, bandwidth, flop_rate)
+    for entry in sweep:
+        bound = bounds_seconds(decode_cost(model, entry["rows"], context), bandwidth, flop_rate)
         entry.update(memory_bound_ms=bound["memory_s"] * 1e3,
                      compute_bound_ms=bound["compute_s"] * 1e3)
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s ({ways.fastest_way}; "
@@ -424,77 +713,83 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
     by_rows = {r["rows"]: r for r in sweep}
     one = by_rows[1]
     b1_cost = decode_cost(model, 1, context)
-    mbu_eager = mbu(b1_cost, bandwidth, one["eager_ms"] / 1e3)
-    mbu_compiled = mbu(b1_cost, bandwidth, one["compiled_ms"] / 1e3)
-    knee_measured = measured_knee({r: e["fastest_ms"] for r, e in by_rows.items()})
-    knee_eager = measured_knee({r: e["eager_ms"] for r, e in by_rows.items()})
     from tinyserve.quant import weight_bytes
-    knee_roofline = roofline_knee(cfg, weight_bytes(model), dtype.itemsize, context,
-                                  bandwidth, flop_rate)
+    knee_roofline = roofline_knee(model.config, weight_bytes(model), model.dtype.itemsize,
+                                  context, bandwidth, flop_rate)
     print(table(["rows", "eager ms", "compiled ms", "memory bound ms", "compute bound ms",
                  "fastest / 1 row", "compile s"],
                 [[r["rows"], r["eager_ms"], r["compiled_ms"], r["memory_bound_ms"],
                   r["compute_bound_ms"], r["fastest_ms"] / one["fastest_ms"], r["compile_s"]]
                  for r in sweep]), flush=True)
-
-    # 2. int8 weights, 3. long context, 4. speculative decoding, 5. tensor parallelism.
-    int8 = int8_vs_fp32(model, _prompts(model, 1, prompt_len), n, repeats)
-    long_n = 32 if quick else LONG_CONTEXT
-    longc = long_context(model, long_n, 2 if quick else 5)
-    spec = _part(speculative_at_scale, model, quick, 2 if quick else 3)
-    del model
-    gc.collect()
-    tp = _part(tensor_parallel, quick, 2 if quick else 5)
-
-    ratios: dict[str, float] = {
-        "scale_decode_mbu_b1": max(mbu_eager, mbu_compiled),
-        "scale_step_rows4_vs_rows1": by_rows[4]["fastest_ms"] / one["fastest_ms"],
-        # the fastest verify pass over the fastest step, whichever path each
-        "scale_verify_k4_vs_step": min(verify["compiled_verify_ms"], verify["eager_verify_ms"])
-        / min(verify["compiled_step_ms"], verify["eager_step_ms"]),
-        "scale_cache_speedup_512": longc["recompute_step_ms"] / longc["cached_step_ms"],
-        "scale_prefill_tokens_per_step": long_n * longc["cached_step_ms"] / longc["prefill_ms"],
-    }
-    if math.isfinite(knee_measured) and math.isfinite(knee_roofline):
-        ratios["scale_knee_measured_vs_predicted"] = knee_measured / knee_roofline
-    if "skipped" not in int8:
-        ratios["scale_int8_decode_speedup"] = int8["fp32_ms"] / int8["int8_ms"]
-    if "skipped" not in spec:
-        ratios["scale_spec_measured_vs_predicted"] = spec["measured_vs_predicted"]
-    if "skipped" not in tp:
-        ratios["scale_tp2_decode_speedup"] = tp["tp"]["speedup"]
-        ratios["scale_tp2_vs_bandwidth_bound"] = tp["tp2_vs_bandwidth_bound"]
-
-    measurements = {
+    return {
         "read_bandwidth_gb_per_s": {w: r / 1e9 for w, r in ways.ways.items()},
         "bandwidth_gb_per_s": bandwidth / 1e9, "bandwidth_way": ways.fastest_way,
-        "matmul_gflop_per_s": flop_rate / 1e9,
-        "ridge_flop_per_byte": flop_rate / bandwidth,
-        "weight_bytes": b1_cost.weight_bytes,
-        "context": context, "sweep": sweep, "compile_s": compile_s,
-        "mbu_b1": {"eager": mbu_eager, "compiled": mbu_compiled},
-        "knee": {"measured_fastest": knee_measured, "measured_eager": knee_eager,
-                 "roofline": knee_roofline},
-        "verify_vs_step": verify, "int8": int8,
-        "long_context": {"tokens": long_n, **longc},
-        "speculative": spec, "tensor_parallel": tp,
+        "matmul_gflop_per_s": flop_rate / 1e9, "ridge_flop_per_byte": flop_rate / bandwidth,
+        "weight_bytes": b1_cost.weight_bytes, "context": context, "sweep": sweep,
+        "mbu_b1": {"eager": mbu(b1_cost, bandwidth, one["eager_ms"] / 1e3),
+                   "compiled": mbu(b1_cost, bandwidth, one["compiled_ms"] / 1e3)},
+        "knee": {"measured_fastest": measured_knee({r: e["fastest_ms"]
+                                                    for r, e in by_rows.items()}),
+                 "measured_eager": measured_knee({r: e["eager_ms"] for r, e in by_rows.items()}),
+                 "roofline": knee_roofline}}
+
+
+def engine_mbu(model: TinyLlama, e: dict[str, Any], bandwidth_gb_per_s: float) -> dict[str, Any]:
+    """The engine's batch-1 decode step (:func:`engine_fast`'s median) against the bytes a
+    step reads at the run's mean context over the best read bandwidth: the same reference
+    as ``scale_decode_mbu_b1``."""
+    cost = decode_cost(model, 1, e["context"])
+    seconds = e["steps"]["1"]["decode_step_ms"] / 1e3
+    return {"bytes": cost.bytes, "memory_bound_ms": 1e3 * cost.bytes / (bandwidth_gb_per_s * 1e9),
+            "mbu": mbu(cost, bandwidth_gb_per_s * 1e9, seconds)}
+
+
+def scale_ratios(m: dict[str, Any]) -> dict[str, float]:
+    """The report's ratios from its measurements (a part that was skipped gives none)."""
+    by_rows = {r["rows"]: r for r in m["sweep"]}
+    one, v, longc = by_rows[1], m["verify_vs_step"], m["long_context"]
+    ratios: dict[str, float] = {
+        "scale_decode_mbu_b1": max(m["mbu_b1"].values()),
+        "scale_step_rows4_vs_rows1": by_rows[4]["fastest_ms"] / one["fastest_ms"],
+        # the fastest verify pass over the fastest step, whichever path each
+        "scale_verify_k4_vs_step": min(v["compiled_verify_ms"], v["eager_verify_ms"])
+        / min(v["compiled_step_ms"], v["eager_step_ms"]),
+        "scale_cache_speedup_512": longc["recompute_step_ms"] / longc["cached_step_ms"],
+        "scale_prefill_tokens_per_step": longc["tokens"] * longc["cached_step_ms"]
+        / longc["prefill_ms"],
     }
-    notes = explain(ratios, measurements)
-    print_summary(ratios, measurements, notes)
-    data = report("scale", ratios=ratios, measurements=measurements,
-                  conditions={"model": name, "device": str(device), "dtype": str(dtype),
-                              "config": {k: getattr(cfg, k) for k in (
-                                  "hidden_size", "intermediate_size", "num_hidden_layers",
-                                  "num_attention_heads", "num_key_value_heads", "vocab_size",
-                                  "max_position_embeddings")},
-                              "prompt_tokens": prompt_len, "steps": n, "repeats": repeats,
-                              "rounds": rounds, "rows": list(rows_list), "fastest_path": fast,
-                              "k": K, "figures": "meaningless (--quick: tiny random models)"
-                              if quick else "timings on this machine; the text is noise"},
-                  quick=quick)
-    data["notes"] = notes
-    write_json(data, json_path)
-    return data
+    knee = m["knee"]
+    if math.isfinite(knee["measured_fastest"]) and math.isfinite(knee["roofline"]):
+        ratios["scale_knee_measured_vs_predicted"] = knee["measured_fastest"] / knee["roofline"]
+    if "skipped" not in m["int8"]:
+        ratios["scale_int8_decode_speedup"] = m["int8"]["fp32_ms"] / m["int8"]["int8_ms"]
+    spec = m["speculative_fast"]    # the eager run's figures stay in m["speculative"]
+    if "skipped" not in spec:
+        ratios["scale_spec_speedup_fast"] = spec["measured_speedup"]
+        ratios["scale_spec_measured_vs_predicted"] = spec["measured_vs_predicted"]
+    if "skipped" not in m["engine_fast"]:
+        ratios["scale_engine_mbu_b1"] = m["engine_fast"]["mbu_b1"]["mbu"]
+        ratios["scale_engine_throughput_4_vs_1"] = m["engine_fast"]["throughput_4_vs_1"]
+    if "skipped" not in m["tensor_parallel"]:
+        ratios["scale_tp2_decode_speedup"] = m["tensor_parallel"]["tp"]["speedup"]
+        ratios["scale_tp2_vs_bandwidth_bound"] = m["tensor_parallel"]["tp2_vs_bandwidth_bound"]
+    if "skipped" not in m["prepare_repeat"]:
+        ratios["scale_prepare_repeat_s"] = m["prepare_repeat"]["second_s"]
+    return ratios
+
+
+@contextlib.contextmanager
+def fast_recipe(quick: bool) -> Iterator[None]:
+    """``--quick``: the fast path only traced (:data:`tinyserve.backends.fast.CPU_RECIPE`,
+    the one knob, as the tests set it) for the block, the real recipe back after it."""
+    from tinyserve.backends import fast as fastpath
+    saved = fastpath.CPU_RECIPE
+    if quick:
+        fastpath.CPU_RECIPE = fastpath.Recipe((), False, "eager")
+    try:
+        yield
+    finally:
+        fastpath.CPU_RECIPE = saved
 
 
 # --- what a missed goal's measurements show ------------------------------------------------
@@ -563,15 +858,6 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"not a number: the fastest step never reached 1.5x one row up to "
             f"{max(sweep)} rows (the measured knee lies beyond the sweep; the roofline puts "
             f"it at {m['knee']['roofline']:.1f})")
-    i8 = m["int8"]
-    if "scale_int8_decode_speedup" in missed and "int8_ms" in i8:
-        rate = i8["int8_weight_bytes"] / (i8["int8_ms"] / 1e3) / 1e9
-        notes["scale_int8_decode_speedup"] = (
-            f"int8 weights are {i8['fp32_weight_bytes'] / i8['int8_weight_bytes']:.2f}x fewer "
-            f"bytes, but the int8 step ({i8['int8_ms']:.1f} ms against fp32's "
-            f"{i8['fp32_ms']:.1f}) reads them at {rate:.1f} GB/s, "
-            f"{rate / bw:.2f} of the best read bandwidth: the kernel (dynamic activation "
-            f"quantisation, int8 dot products) does not stream at the memory's rate")
     v = m["verify_vs_step"]
     if "scale_verify_k4_vs_step" in missed:
         notes["scale_verify_k4_vs_step"] = (
@@ -583,14 +869,25 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"either way, so the extra time is the {K + 1}-row matmuls' work: the same kernel "
             f"cost that bends the rows sweep (4 rows: "
             f"{sweep[4]['fastest_ms'] / one['fastest_ms']:.2f}x)")
-    s = m["speculative"]
-    if "scale_spec_measured_vs_predicted" in missed and "measured_speedup" in s:
-        notes["scale_spec_measured_vs_predicted"] = (
-            f"measured {s['measured_speedup']:.2f}x against {s['predicted_speedup']:.2f}x "
-            f"predicted at a = {s['acceptance_prob']:.2f}: a speculative pass as run took "
-            f"{s['spec_pass_ms']:.1f} ms against the formula's {s['formula_pass_ms']:.1f} "
-            f"({K} draft steps + one verify pass, each timed alone); the difference is what "
-            f"the loop pays beyond the passes (prefills, the draft's catch-up, host work)")
+    notes.update(explain_parts(m, missed))
+    return {k: v for k, v in notes.items() if v}
+
+
+def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
+    """:func:`explain`'s sentences for the parts after the rows sweep: int8, speculation on
+    the fast path, the engine on the fast path, tensor parallelism, a second process's
+    preparation."""
+    notes: dict[str, str] = {}
+    bw = m["bandwidth_gb_per_s"]
+    i8 = m["int8"]
+    if "scale_int8_decode_speedup" in missed and "int8_ms" in i8:
+        rate = i8["int8_weight_bytes"] / (i8["int8_ms"] / 1e3) / 1e9
+        notes["scale_int8_decode_speedup"] = (
+            f"int8 weights are {i8['fp32_weight_bytes'] / i8['int8_weight_bytes']:.2f}x fewer "
+            f"bytes, but the int8 step ({i8['int8_ms']:.1f} ms against fp32's "
+            f"{i8['fp32_ms']:.1f}) reads them at {rate:.1f} GB/s, "
+            f"{rate / bw:.2f} of the best read bandwidth: the kernel (dynamic activation "
+            f"quantisation, int8 dot products) does not stream at the memory's rate")
     t = m["tensor_parallel"]
     if "scale_tp2_vs_bandwidth_bound" in missed and "tp" in t:
         notes["scale_tp2_vs_bandwidth_bound"] = (
@@ -599,7 +896,60 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"{t['tp']['allreduce_share']:.0%} of a split step was inside all-reduces "
             f"(waiting included): splitting the bytes can gain at most what the bus adds "
             f"for a second process, and the all-reduces come out of that")
-    return {k: v for k, v in notes.items() if v}
+    s = m["speculative_fast"]
+    if "measured_speedup" in s and missed & {"scale_spec_speedup_fast",
+                                             "scale_spec_measured_vs_predicted"}:
+        c = s["pass_costs_ms"]
+        costs = (f"on the fast path a {K + 1}-token verify pass costs {c['verify_ms']:.2f} ms "
+                 f"against a one-token step's {c['decode_ms']:.2f} ({s['verify_cost']:.2f}x) "
+                 f"and a draft step {c['draft_step_ms']:.2f} ({s['draft_cost']:.2f}x the "
+                 f"target's)")
+        if "scale_spec_speedup_fast" in missed:
+            notes["scale_spec_speedup_fast"] = (
+                f"{s['spec_tokens_per_s']:.1f} tokens/s speculative against "
+                f"{s['plain_tokens_per_s']:.1f} plain at a = {s['acceptance_prob']:.2f} "
+                f"({s['tokens_per_pass_measured']:.2f} tokens per target pass): {costs}, so "
+                f"the formula itself allows {s['predicted_speedup']:.2f}x")
+        if "scale_spec_measured_vs_predicted" in missed:
+            notes["scale_spec_measured_vs_predicted"] = (
+                f"measured {s['measured_speedup']:.2f}x against {s['predicted_speedup']:.2f}x "
+                f"predicted at a = {s['acceptance_prob']:.2f} ({costs}): a speculative pass as "
+                f"run took {s['spec_pass_ms']:.2f} ms against the formula's "
+                f"{s['formula_pass_ms']:.2f} ({K} draft steps + one verify pass, each timed "
+                f"alone); the difference is what the loop pays beyond the passes (prefills, "
+                f"the draft's catch-up, host work)")
+    e = m["engine_fast"]
+    if "scale_engine_mbu_b1" in missed and "mbu_b1" in e:
+        step, compiled = e["steps"]["1"]["decode_step_ms"], m["sweep"][0]["compiled_ms"]
+        notes["scale_engine_mbu_b1"] = (
+            f"the engine's batch-1 decode step took {step:.2f} ms (median of "
+            f"{e['steps']['1']['decode_steps']}) against {e['mbu_b1']['memory_bound_ms']:.2f} "
+            f"ms for its {e['mbu_b1']['bytes'] / 1e6:.0f} MB at the best read "
+            f"({m['bandwidth_gb_per_s']:.1f} GB/s, {m['bandwidth_way']}); the rows sweep's "
+            f"compiled step took {compiled:.2f} ms ({step - compiled:+.2f} ms: the engine's "
+            f"own work a step, its inputs' copy into the static buffers, sampling, the "
+            f"read-back)")
+    if "scale_engine_throughput_4_vs_1" in missed and "steps" in e:
+        one, four = e["steps"]["1"], e["steps"]["4"]
+        sweep = {r["rows"]: r for r in m["sweep"]}
+        notes["scale_engine_throughput_4_vs_1"] = (
+            f"4 requests ran at {e['four_tokens_per_s']:.1f} tokens/s against one's "
+            f"{e['one_tokens_per_s']:.1f}: a 4-row decode step took "
+            f"{four['decode_step_ms']:.2f} ms against 1 row's {one['decode_step_ms']:.2f} "
+            f"({four['decode_step_ms'] / one['decode_step_ms']:.2f}x; the rows sweep's "
+            f"compiled step {sweep[4]['compiled_ms'] / sweep[1]['compiled_ms']:.2f}x), and the "
+            f"steps that were not pure decode (prefills) took "
+            f"{four['other_steps_s'] / four['step_s']:.0%} of the 4-request run's step time")
+    r = m["prepare_repeat"]
+    if "scale_prepare_repeat_s" in missed and "second_s" in r:
+        notes["scale_prepare_repeat_s"] = (
+            f"the second process took {r['second_s']:.1f} s against the first's "
+            f"{r['first_s']:.1f} s, and tracing the same shape alone (TorchDynamo, no "
+            f"inductor) {r['trace_s']:.1f} s: with freezing inductor's FX graph cache is "
+            f"bypassed (frozen weights cannot be pickled), so a repeat re-traces and lowers "
+            f"the graph and reuses only the built C++ kernels; "
+            f"{r['second_s'] - r['trace_s']:.1f} s of it is beyond the trace")
+    return notes
 
 
 def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, str]) -> None:
@@ -612,7 +962,8 @@ def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, 
         rows.append([name, value, goal, met])
     print()
     print(table(["ratio", "value", "goal", "met"], rows))
-    for part in ("int8", "speculative", "tensor_parallel"):
+    for part in ("int8", "speculative", "speculative_fast", "engine_fast",
+                 "tensor_parallel", "prepare_repeat"):
         if "skipped" in m[part]:
             print(f"{part}: not measured: {m[part]['skipped']}")
     for name, text in notes.items():
