@@ -233,6 +233,26 @@ def test_the_fast_engine_compiles_again_after_a_weight_changes_in_place(traced: 
     assert seq.output_ids == generate_many(fresh, [prompt], 6, EngineConfig(**config))[0]
 
 
+def test_a_new_fast_engine_reuses_the_compiled_steps_of_one_that_is_gone(traced: Path) -> None:
+    model = sharp_model(SMALL, seed=15)
+    config = EngineConfig(num_blocks=40, block_size=4, max_num_seqs=4, fast=True)
+    prompts = [random_prompt(96, n, seed=n) for n in (4, 7)]
+    first = Engine(model, config)
+    first.prepare(rows=(2,), tokens=30, progress=False)
+    steps = first.executor.graphs
+    alive = Engine(model, config)                        # the first is still held: its own
+    assert alive.executor.graphs is not steps and alive.executor.graphs.graphs == {}
+    want = [s.output_ids for s in [first.add_request(p, 9) for p in prompts]]
+    first.run()
+    del first, alive
+    again = Engine(model, config)                        # gone: its compiled steps are lent
+    assert again.executor.graphs is steps
+    assert [c.compiled for c in again.prepare(rows=(2,), tokens=30, progress=False)] == [False]
+    seqs = [again.add_request(p, 9) for p in prompts]
+    again.run()
+    assert [s.output_ids for s in seqs] == want and steps.captures == 1
+
+
 def test_the_engines_contradictory_switches_are_named(traced: Path) -> None:
     model = sharp_model(ONE_LAYER, seed=2)
     with pytest.raises(ValueError, match="fast=True and compile=True"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,7 +36,7 @@ import torch
 
 from .block_manager import BlockManager
 from .backends.cuda_graph import EngineGraphs
-from .backends.fast import ShapeCost
+from .backends.fast import ShapeCost, engine_steps
 from .device import upload
 from .generate import PromptError, check_prompt
 from .model import TinyLlama
@@ -114,21 +115,27 @@ class ModelExecutor:
     replayed CUDA graph where ``capture`` (default: on CUDA), the same static-buffer step
     run eagerly otherwise. Prefill and mixed steps always take the eager path. Every graph
     is captured here, at start-up (nano-vllm's way): a capture on the first step of a
-    shape would stall the requests in that step."""
+    shape would stall the requests in that step. With ``compiled`` (``fast=True`` on a CPU)
+    the steps are compiled instead, per shape, by :meth:`Engine.prepare` or at a shape's
+    first step, and kept with their pool for the next engine of the same model and sizes
+    (:func:`~tinyserve.backends.fast.engine_steps`)."""
 
     def __init__(self, model: TinyLlama, num_blocks: int, block_size: int, *,
                  graph: bool = False, max_num_seqs: int = 16,
                  capture: bool | None = None, compiled: bool = False) -> None:
         self.model = model
+        if compiled:    # compiled per shape, by prepare() or at a shape's first step; the
+            # steps (and their pool) of an earlier engine of these sizes are reused
+            self.graphs: EngineGraphs | None = engine_steps(
+                model, num_blocks, block_size, max_num_seqs, cache=cache_dir())
+            self.cache = self.graphs.cache
+            weakref.finalize(self, setattr, self.graphs, "in_use", False)
+            return
         self.cache = PagedKVCache(model.config, num_blocks, block_size,
                                   device=model.device, dtype=model.dtype, scratch=graph)
-        compiler = None
-        if compiled:    # compiled per shape, by prepare() or at a shape's first step
-            from .backends.fast import engine_step_compiler
-            compiler, capture = engine_step_compiler(cache_dir()), False
-        self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture,
-                                   compiler=compiler) if graph else None
-        if self.graphs is not None and compiler is None:
+        self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture) \
+            if graph else None
+        if self.graphs is not None:
             self.graphs.warmup()
 
     def now(self) -> float:

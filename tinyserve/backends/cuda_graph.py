@@ -340,6 +340,7 @@ class EngineGraphs:
         if self.capture and compiler is not None:
             raise ValueError("a step is either captured (CUDA graphs) or compiled, not both")
         self.compiler = compiler
+        self.in_use = False            # held by an engine (a kept set is lent to one at a time)
         self.context = model.config.max_position_embeddings
         self.max_rows = bucket_for(min(max_rows, MAX_BATCH))
         self.max_blocks = -(-self.context // cache.block_size)
@@ -360,6 +361,21 @@ class EngineGraphs:
         window = window_for(longest, self.context)
         return bucket_for(rows, self.max_rows), min(-(-window // self.cache.block_size),
                                                     self.max_blocks)
+
+    def _check_weights(self) -> None:
+        """After an eager step (or when lent to a new engine), remake every graph or compiled
+        step if the weights they read moved or changed: all at once, before the step."""
+        if not (self.capture or self.compiler is not None) or self.checked:
+            return
+        if self.graphs and self._weights() != self._captured_from:
+            held = list(self.graphs)
+            self.graphs.clear()                       # every graph reads moved weights:
+            if self.capture:                          # all captured again, at once
+                self.warmup()
+            else:                                     # compiled again, the shapes held
+                for shape in held:
+                    self._capture(*shape)
+        self.checked = True
 
     def covering(self, bucket: int, blocks: int) -> tuple[int, int]:
         """The shape a step of ``bucket`` rows and ``blocks`` blocks runs at: itself, or, for
@@ -391,6 +407,7 @@ class EngineGraphs:
         the window holding ``tokens`` positions, if not already; return the seconds each
         shape took now (0.0 for one held already), a progress bar while it runs."""
         from tqdm.auto import tqdm
+        self._check_weights()
         shapes = list(dict.fromkeys(self.shape(r, tokens) for r in rows))
         out = {}
         with tqdm(total=len(shapes), desc="preparing decode steps", unit="shape",
@@ -468,16 +485,7 @@ class EngineGraphs:
             raise ValueError(f"a static decode step takes 1 to {self.max_rows} rows, got {rows}")
         bucket, blocks = self.covering(*self.shape(rows, max(positions) + 1))
         self.steps += 1
-        if (self.capture or self.compiler is not None) and not self.checked:
-            if self.graphs and self._weights() != self._captured_from:
-                held = list(self.graphs)
-                self.graphs.clear()                   # every graph reads moved weights:
-                if self.capture:                      # all captured again, at once
-                    self.warmup()
-                else:                                 # compiled again, the shapes in use
-                    for shape in held:
-                        self._capture(*shape)
-            self.checked = True
+        self._check_weights()
         # Captured up front (warmup); only a decoder used without one captures here.
         graph = self.graphs.get((bucket, blocks)) or self._capture(bucket, blocks)
         self.buffers.fill(token_ids, positions, tables, bucket)

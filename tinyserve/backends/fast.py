@@ -49,13 +49,14 @@ from torch import Tensor
 
 from ..model import TinyLlama
 from .compiled import CompiledDecoder, compiled_decoder, compiling
-from .cuda_graph import graph_decoder
+from ..paged import PagedKVCache
+from .cuda_graph import EngineGraphs, graph_decoder
 from .decoder_cache import DecoderCache
 from .spec_graphs import StaticPasses, static_passes
 from .static import window_for
 
 __all__ = ["CPU_RECIPE", "FASTEST", "CompiledStep", "Recipe", "Shape", "ShapeCost",
-           "compile_settings", "draft_shape", "engine_step_compiler", "fast_decoder",
+           "compile_settings", "draft_shape", "engine_steps", "fast_decoder",
            "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
 @dataclass(frozen=True)
@@ -173,13 +174,34 @@ class CompiledStep:
         self.compile_seconds = time.perf_counter() - start
 
 
-def engine_step_compiler(cache: Path | None = None) -> Callable[[Callable[[], Tensor]],
-                                                                CompiledStep]:
-    """What the engine's executor hands :class:`~tinyserve.backends.cuda_graph.EngineGraphs`
-    on a CPU for ``fast=True``: each shape's step compiled with :data:`CPU_RECIPE` (read
-    now), its kernels kept in ``cache`` (:func:`inductor_cache`)."""
+#: How many engines' compiled decode steps are kept (each with its paged pool) for the next
+#: engine made with the same sizes (see :func:`engine_steps`).
+MAX_ENGINE_STEPS = 2
+_ENGINE_STEPS: DecoderCache[EngineGraphs] = DecoderCache(MAX_ENGINE_STEPS)
+
+
+def engine_steps(model: TinyLlama, num_blocks: int, block_size: int, max_rows: int, *,
+                 cache: Path | None = None) -> EngineGraphs:
+    """The engine's pure-decode steps on a CPU for ``fast=True``: a paged pool of
+    ``num_blocks`` blocks (plus the scratch block) and :class:`~tinyserve.backends.cuda_graph.
+    EngineGraphs` whose every shape is compiled with :data:`CPU_RECIPE` (read now), its
+    kernels kept in ``cache`` (:func:`inductor_cache`). Kept for the next engine of the same
+    model and sizes, as the loops keep their decoders: a compiled step reads the pool's
+    tensors and its own buffers, never a request's state, so a new engine (a fresh block
+    manager over the same pool) reuses every shape compiled so far instead of compiling
+    them again. In use (``in_use``) until its engine is gone; then the next may take it."""
     inductor_cache(cache)
-    return functools.partial(CompiledStep, recipe=CPU_RECIPE)
+    recipe = CPU_RECIPE
+
+    def make() -> EngineGraphs:
+        pool = PagedKVCache(model.config, num_blocks, block_size, device=model.device,
+                            dtype=model.dtype, scratch=True)
+        return EngineGraphs(model, pool, max_rows, capture=False,
+                            compiler=functools.partial(CompiledStep, recipe=recipe))
+    key = (num_blocks, block_size, max_rows, recipe, model.device, model.dtype)
+    steps = _ENGINE_STEPS.get(model, key, make)
+    steps.in_use, steps.checked = True, False   # the first step checks the weights
+    return steps
 
 
 class CompiledPasses(StaticPasses):

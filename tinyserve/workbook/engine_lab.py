@@ -1,0 +1,82 @@
+"""The engine at the wall: continuous batching on the scale model, measured on the engine's own
+decode steps (chapters 5 and 9, and ``bench scale``).
+
+:func:`serve_at_once` sends ``concurrency`` requests to a fresh :class:`~tinyserve.engine.Engine`
+in the same instant and times the whole run: output tokens per second, and the median of its
+pure-decode steps (every row one token: the steps that batching makes cheap). With ``fast``
+the engine's decode steps run on its fast path (:mod:`tinyserve.backends.fast`: compiled on a
+CPU, CUDA graphs on a GPU), their shape made ready first (:meth:`Engine.prepare`, a progress
+line), so no compile is timed; a short warm-up request runs before the clock starts either way.
+
+The ratio of two runs (4 requests against 1) is continuous batching's bargain at the memory
+wall: a decode step reads the weights once for every row it carries, so where a step costs
+about the same with 4 rows as with 1, 4 requests get nearly 4x the tokens per second. On the
+eager path each few-row matrix product repacks its weights at every call (chapter 3), so a
+4-row step costs more and the gain is smaller: the kernel lesson beside the physics one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import statistics
+
+import torch
+
+from ..engine import Engine, EngineConfig
+from ..model import TinyLlama
+
+__all__ = ["EngineRun", "serve_at_once"]
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One run of :func:`serve_at_once`: ``concurrency`` requests of ``prompt`` tokens each
+    making ``tokens`` tokens; ``seconds`` from the first step to the last token."""
+    concurrency: int
+    fast: bool
+    prompt: int
+    tokens: int
+    seconds: float
+    decode_step_s: float          # median pure-decode step (all rows one token)
+    prepare_s: float              # what making the fast step ready took (0: held or eager)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.concurrency * self.tokens / self.seconds
+
+    def describe(self) -> str:
+        path = "fast " if self.fast else "eager"
+        return (f"{path} {self.concurrency:2d} at once: {self.tokens_per_s:7.1f} output tok/s, "
+                f"decode step {self.decode_step_s * 1e3:6.1f} ms")
+
+
+@torch.no_grad()
+def serve_at_once(model: TinyLlama, concurrency: int, *, prompt: int = 32, tokens: int = 32,
+                  fast: bool = False, seed: int = 0, progress: bool = True) -> EngineRun:
+    """Serve ``concurrency`` random prompts of ``prompt`` tokens, ``tokens`` new tokens each
+    (no stop token: every request runs to its cap), all queued before the first step; time
+    the run. ``fast``: the engine's fast path, its decode step for ``concurrency`` rows at
+    the window of ``prompt + tokens`` positions prepared first."""
+    if concurrency < 1 or prompt < 1 or tokens < 2:
+        raise ValueError(f"need at least 1 request, 1 prompt token and 2 new tokens, got "
+                         f"{concurrency}, {prompt}, {tokens}")
+    block = 16
+    blocks = concurrency * -(-(prompt + tokens) // block) + 4
+    config = EngineConfig(num_blocks=blocks, block_size=block, max_num_seqs=concurrency,
+                          max_num_batched_tokens=max(256, concurrency * prompt), fast=fast,
+                          enable_prefix_caching=False)
+    engine = Engine(model, config, record_steps=True)
+    costs = engine.prepare(rows=(concurrency,), tokens=prompt + tokens,
+                           progress=progress) if fast else []
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    engine.add_request(torch.randint(4, vocab, (8,), generator=g).tolist(), 2)   # warm-up
+    engine.run()
+    first = len(engine.step_log)
+    for _ in range(concurrency):
+        engine.add_request(torch.randint(4, vocab, (prompt,), generator=g).tolist(), tokens)
+    start = engine.now()
+    engine.run()
+    seconds = engine.now() - start
+    steps = [r.seconds for r in engine.step_log[first:] if r.num_tokens == r.num_rows]
+    return EngineRun(concurrency, fast, prompt, tokens, seconds, statistics.median(steps),
+                     sum(c.seconds for c in costs))
