@@ -299,9 +299,10 @@ def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int,
            "spec_tokens_per_s": tokens / spec_s, "plain_tokens_per_s": tokens / plain_s,
            "tokens": tokens, "prompts": len(prompts), "prompt_tokens": prompt_len,
            "max_tokens": max_tokens, "k": K}
-    if fast:
+    if fast:   # each frozen function holds a copy of its weights: free them for what follows
         out["prepare_s"] = {c.label: c.seconds for c in prepared}
         forget_compiled(draft)
+        forget_compiled(target)
     del draft
     gc.collect()
     return out
