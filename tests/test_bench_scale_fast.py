@@ -21,7 +21,7 @@ def measurements(**parts: dict) -> dict:
     spec = {"measured_speedup": 1.5, "measured_vs_predicted": 0.7, "predicted_speedup": 2.1,
             "acceptance_prob": 0.8, "tokens_per_pass_measured": 3.4, "spec_tokens_per_s": 30.0,
             "plain_tokens_per_s": 20.0, "verify_cost": 1.3, "draft_cost": 0.2,
-            "spec_pass_ms": 9.0, "formula_pass_ms": 7.0,
+            "spec_pass_ms": 9.0, "formula_pass_ms": 7.0, "plain_s": 0.4, "tokens": 100,
             "pass_costs_ms": {"decode_ms": 3.0, "verify_ms": 3.9, "draft_step_ms": 0.6}}
     m = {"sweep": sweep, "mbu_b1": {"eager": 0.5, "compiled": 0.8},
          "bandwidth_gb_per_s": 40.0, "bandwidth_way": "sum",
@@ -72,6 +72,7 @@ def test_each_missed_fast_goal_has_a_note_naming_the_measurements_beside_it() ->
     notes = scale.explain(scale.scale_ratios(m), m)
     assert "0.20x the target's" in notes["scale_spec_speedup_fast"]       # draft / target step
     assert "(1.30x)" in notes["scale_spec_measured_vs_predicted"]         # verify / step
+    assert "4.00 ms a token" in notes["scale_spec_measured_vs_predicted"]  # plain, as run
     assert "4.00 ms" in notes["scale_engine_mbu_b1"]
     assert "1.25x" in notes["scale_engine_throughput_4_vs_1"]             # 4-row / 1-row step
     assert "FX graph cache is bypassed" in notes["scale_prepare_repeat_s"]

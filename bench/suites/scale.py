@@ -917,8 +917,10 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
                 f"predicted at a = {s['acceptance_prob']:.2f} ({costs}): a speculative pass as "
                 f"run took {s['spec_pass_ms']:.2f} ms against the formula's "
                 f"{s['formula_pass_ms']:.2f} ({K} draft steps + one verify pass, each timed "
-                f"alone); the difference is what the loop pays beyond the passes (prefills, "
-                f"the draft's catch-up, host work)")
+                f"alone) and plain decoding {1e3 * s['plain_s'] / s['tokens']:.2f} ms a token "
+                f"against its step's {c['decode_ms']:.2f}: what each loop pays beyond its "
+                f"passes (prefills, the draft's catch-up, host work; on a busy machine, whole "
+                f"runs also catch fewer quiet moments than single passes do)")
     e = m["engine_fast"]
     if "scale_engine_mbu_b1" in missed and "mbu_b1" in e:
         step, compiled = e["steps"]["1"]["decode_step_ms"], m["sweep"][0]["compiled_ms"]
