@@ -102,9 +102,9 @@ QUICK_DRAFT = ModelConfig(vocab_size=128, hidden_size=16, intermediate_size=32,
 def fastest_mode(device: torch.device, quick: bool) -> dict[str, Any]:
     """How the fastest compiled path is built here (:func:`~tinyserve.roofline.
     compiled_step_seconds`'s options): on a CPU max-autotune with freezing (the weights
-    become constants, packed once for inductor's C++ GEMM template, the only GEMM choice left:
-    :func:`~tinyserve.roofline.compile_settings`; issue 30 measured 1.2-1.5x one row at 4 rows
-    with it, eager F.linear 2-2.2x), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
+    become constants, packed once for the GEMM kernel the autotuner picks: inductor's C++
+    template or MKL's linear, :func:`~tinyserve.roofline.compile_settings`; issue 30 measured
+    1.2-1.5x one row at 4 rows with the template, eager F.linear 2-2.2x), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
     only traces (code generation takes minutes)."""
     if quick and device.type == "cpu":
         return {"backend": "eager", "mode": None, "freezing": False}
@@ -449,12 +449,8 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
     round: the whole run of 1 request and of 4 at once (same prompt length and
     ``max_tokens``), fastest of ``rounds`` taken in turns; then one recorded run of each,
     whose pure-decode steps' median seconds are the engine's step at that many rows."""
-    import dataclasses
     import statistics
     from tinyserve.engine import Engine, EngineConfig
-    if "fast" not in {f.name for f in dataclasses.fields(EngineConfig)}:
-        return {"skipped": "this engine has no EngineConfig(fast=True) (the fast path's "
-                           "decode steps in the engine)"}
     prompt_len, new = (8, 8) if quick else (ENGINE_PROMPT, ENGINE_NEW)
     engine = Engine(model, EngineConfig(max_num_seqs=4, enable_prefix_caching=False,
                                         fast=True), record_steps=True)

@@ -461,6 +461,11 @@ class EngineGraphs:
                 self.graphs.clear()                   # the others read moved weights
             self.buffers.park()                       # made on padding rows: the scratch
         if self.compiler is not None:                 # slot is all they write
+            # One eager step first: it makes the stacked weight copies (model.fused_linear),
+            # which the compiled step then traces as one matmul for q, k, v (and one for
+            # gate, up), as the compiled decoder does after its eager prefill; without them
+            # the step would trace five separate matmuls.
+            step()
             graph: torch.cuda.CUDAGraph | EagerReplay = self.compiler(step)
             graph.replay()                            # compiles
             self._captured_from = self._weights()

@@ -5,13 +5,16 @@ eager step is the reference every test compares it with, token for token.
 - **On CUDA**: the CUDA graphs already written (:mod:`~tinyserve.backends.cuda_graph` for
   decode steps, :mod:`~tinyserve.backends.spec_graphs` for speculation's passes): a step is
   one replay, so launches no longer set its time.
-- **On a CPU**: ``torch.compile`` in max-autotune with inductor *freezing* and its C++ GEMM
-  template as the only GEMM choice (:data:`CPU_RECIPE`). Freezing turns the weights into
-  constants packed once for that template; eager ``F.linear`` packs them at every call. In
-  ``bench scale`` this step read at ~0.85 of the machine's read bandwidth where eager reached
-  ~0.57 (batch 1, the scale model, one thread), and 4 rows cost 1.2-1.5x one row where eager
-  costs 2-2.2x. The mode's options go through ``torch.compile(options=...)``, which inductor
-  applies to that compile only; freezing cannot: TorchDynamo reads it from inductor's global
+- **On a CPU**: ``torch.compile`` in max-autotune with inductor *freezing*, each matmul's
+  kernel chosen by the autotuner between inductor's C++ GEMM template and ATen's MKL linear
+  over weights packed once (:data:`CPU_RECIPE`, :func:`compile_settings`). Freezing turns
+  the weights into constants packed once at compile time; eager ``F.linear`` packs them at
+  every call. On a 2-core Xeon with a 32 MiB L3 (``bench scale``) this step read at ~0.85 of
+  the machine's read bandwidth where eager reached ~0.57 (batch 1, the scale model, one
+  thread), and 4 rows cost 1.2-1.5x one row where eager costs 2-2.2x; on a 2-core Xeon with
+  a 105 MiB L3, which of the two kernels wins moves with the rows, so the autotuner decides
+  on the learner's machine rather than we do once. The mode's options go through
+  ``torch.compile(options=...)``, which inductor applies to that compile only; freezing cannot: TorchDynamo reads it from inductor's global
   config while it traces (``torch._dynamo.utils.is_parameter_freezing``), before those
   options apply (given only as options, the compile fails: the C++ GEMM template finds
   unfrozen weights and no choice is left). So :func:`compile_settings` patches it, scoped to
@@ -62,7 +65,7 @@ __all__ = ["CPU_RECIPE", "FASTEST", "CompiledStep", "Recipe", "Shape", "ShapeCos
 @dataclass(frozen=True)
 class Recipe:
     """How the CPU fast path compiles: ``torch.compile``'s ``options`` and whether
-    :func:`compile_settings` (freezing, the C++ GEMM template) is held around the compile;
+    :func:`compile_settings` (freezing, the GEMM choices) is held around the compile;
     ``backend``: torch.compile's (``"eager"`` only traces: the plumbing in seconds)."""
     options: tuple[tuple[str, Any], ...]
     freezing: bool
@@ -74,7 +77,7 @@ class Recipe:
 
 #: The fastest CPU step: mode "max-autotune" spelled as its options (``torch.compile`` takes
 #: a mode or options, not both; the mode's third, ``triton.cudagraphs``, is CUDA's), with
-#: freezing and the C++ GEMM template as the only GEMM backend.
+#: freezing and the GEMM kernel of each matmul autotuned (the C++ template or MKL's).
 FASTEST = Recipe((("max_autotune", True), ("coordinate_descent_tuning", True)), freezing=True)
 #: What the CPU fast path compiles with: :data:`FASTEST`. The one knob: a test may set a
 #: cheaper recipe here (``Recipe((), False, "eager")``: traced, not compiled, seconds instead
@@ -90,16 +93,21 @@ def kind(device: torch.device) -> str:
 def compile_settings(freezing: bool = False):
     """Inductor's settings for a compiled step, as a context manager (for callers that pass a
     ``mode``, which excludes ``options``; the loops pass :data:`CPU_RECIPE` instead). With
-    ``freezing`` the weights become constants, packed once for inductor's C++ GEMM template,
-    and max-autotune's GEMM choices are restricted to that template: the autotuner picked it
-    over MKL's ``_mkl_linear`` at every linear of the scale model in our runs (e.g. 1.5
-    against 17.5 ms at 4 rows), and with one choice left it skips benchmarking every
-    candidate at every compile, which on a 2-core machine more than doubles a bucket's
-    compile time."""
+    ``freezing`` the weights become constants, packed once at compile time, and
+    max-autotune's GEMM choices are inductor's C++ template and ATen's MKL linear over the
+    packed weights (``_mkl_linear``), nothing else (Triton is a GPU backend).
+
+    Why both, measured: on the machine the course was first timed on (2-core Xeon, 32 MiB L3)
+    the autotuner picked the template at every linear of the scale model (e.g. 1.5 against
+    17.5 ms at 4 rows); on a 2-core Xeon with a 105 MiB L3 (load 1-2, one thread, the scale
+    model, fastest of 12 interleaved steps) the template alone gave 78 ms at 1 row and 101 ms
+    at 4 rows, both choices 71 and 86-90 ms (eager 59-72 and 176-184). Benchmarking two
+    choices makes a first compile slower (here 39-51 s against 18-24 s), but its timings are
+    kept on disk with the kernels: a repeat took 19 s."""
     import torch._inductor.config as inductor_config
     if not freezing:
         return inductor_config.patch(freezing=False)
-    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP")
+    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP,ATEN")
 
 
 def inductor_cache(root: Path | None) -> Path | None:
