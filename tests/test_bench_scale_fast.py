@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bench.suites import scale
+from bench.suites import _prepare_repeat, scale
 from tinyserve.backends import fast
 
 
@@ -90,4 +90,4 @@ def test_quick_traces_the_fast_path_and_puts_the_recipe_back() -> None:
 
 def test_a_preparing_process_past_its_deadline_is_killed(tmp_path) -> None:
     with pytest.raises(subprocess.TimeoutExpired):
-        scale._prepare_process("traced", "bandwidth", 32, str(tmp_path), limit=0.2)
+        _prepare_repeat._prepare_process("traced", "bandwidth", 32, str(tmp_path), limit=0.2)

@@ -79,6 +79,7 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
+from ._prepare_repeat import prepare_repeat
 from ..common import QUICK_CONFIG, cold_compiles, interleaved_seconds, report, table, write_json
 
 #: Cores a run keeps busy (its tensor-parallel part runs two ranks): the load average after
@@ -483,86 +484,6 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
             "one_tokens_per_s": new / one_s, "four_tokens_per_s": 4 * new / four_s,
             "throughput_4_vs_1": 4 * one_s / four_s, "steps": steps,
             "prepare_s": {c.label: c.seconds for c in prepared}}
-
-
-#: One process preparing the fast path for one shape, its figures as JSON on its last line:
-#: argv ``recipe`` ("fastest", or "traced": :data:`~tinyserve.backends.fast.CPU_RECIPE` set
-#: to only trace), ``model`` ("bandwidth", or a tiny model's config as JSON), ``tokens``.
-_PREPARE_SCRIPT = """
-import json, sys, time
-import torch
-torch.set_num_threads(1)
-from tinyserve.backends import fast
-from tinyserve.device import default_device, default_dtype
-from tinyserve.paths import cache_dir
-recipe, model, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
-if recipe == "traced":
-    fast.CPU_RECIPE = fast.Recipe((), False, "eager")
-device = default_device()
-dtype = default_dtype(device)
-if model == "bandwidth":
-    from tinyserve.checkpoint import load_model
-    net = load_model("bandwidth", device=device, dtype=dtype).eval()
-else:
-    from tinyserve.config import ModelConfig
-    from tinyserve.model import TinyLlama
-    torch.manual_seed(0)
-    net = TinyLlama(ModelConfig(**json.loads(model))).eval().to(device, dtype)
-start = time.perf_counter()
-costs = fast.prepare(net, [fast.Shape(tokens=tokens, batch=1)], progress=False,
-                     cache=cache_dir())
-print(json.dumps({"total_s": time.perf_counter() - start,
-                  "costs": [[c.label, c.seconds, c.compiled] for c in costs]}))
-"""
-#: A chapter's fast shape (one row, a 128-token window), prepared in fresh processes
-#: (``--quick``: 32, inside the tiny model's window).
-PREPARE_TOKENS = 128
-
-
-def prepare_repeat(quick: bool) -> dict[str, Any]:
-    """:func:`tinyserve.backends.fast.prepare` of a chapter's shape (batch 1, window of
-    :data:`PREPARE_TOKENS`) on the scale model in two fresh processes, one after the other,
-    sharing one new persistent cache (``TINYSERVE_CACHE_DIR``): the first compiles from
-    nothing, the second finds the first's kernels. Then a third that only traces the same
-    shape (TorchDynamo, no inductor): the part of a repeat no cache removes. Seconds each.
-    ``--quick``: the tiny model, every process only tracing (seconds)."""
-    import dataclasses
-    import json
-    import tempfile
-    model = json.dumps(dataclasses.asdict(QUICK_CONFIG)) if quick else "bandwidth"
-    recipe, limit = ("traced", 300) if quick else ("fastest", 1800)
-    shape = (recipe, model, 32 if quick else PREPARE_TOKENS)
-    with tempfile.TemporaryDirectory(prefix="tinyserve-prepare-") as folder:
-        first = _prepare_process(*shape, folder, limit)
-        second = _prepare_process(*shape, folder, limit)
-    with tempfile.TemporaryDirectory(prefix="tinyserve-trace-") as folder:
-        traced = _prepare_process("traced", *shape[1:], folder, limit)
-    return {"first_s": first["total_s"], "second_s": second["total_s"],
-            "trace_s": traced["total_s"], "first_costs": first["costs"],
-            "second_costs": second["costs"], "tokens": shape[2], "batch": 1,
-            "recipe": recipe, "deadline_s": limit}
-
-
-def _prepare_process(recipe: str, model: str, tokens: int, cache: str,
-                     limit: float) -> dict[str, Any]:
-    """Run :data:`_PREPARE_SCRIPT` in a fresh interpreter (one thread) with ``cache`` as its
-    ``TINYSERVE_CACHE_DIR`` and nothing else pointing inductor elsewhere; killed after
-    ``limit`` seconds (``subprocess.run``'s timeout kills the child before raising)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FORCE_DISABLE_CACHES")}
-    env.update(TINYSERVE_CACHE_DIR=cache, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", _PREPARE_SCRIPT, recipe, model,
-                           str(tokens)], env=env, capture_output=True, text=True,
-                          timeout=limit, cwd=Path(__file__).resolve().parents[2])
-    if done.returncode != 0:
-        raise RuntimeError(f"a prepare process ({recipe}) exited with {done.returncode}: "
-                           f"{done.stderr.strip()[-400:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # --- the suite ----------------------------------------------------------------------------
