@@ -111,3 +111,22 @@ def class_hub():  # -> Iterator[test_hub.Hub]
     from test_hub import running_class_hub
     with running_class_hub() as hub:
         yield hub
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadfile`` (``make test``), one file's tests go to one worker, so a
+    file's module fixtures are built once. Each chapter run (tests/test_course_notebooks.py's
+    ``test_runs_top_to_bottom``, a fresh kernel each, minutes where a chapter compiles the
+    fast path) is a unit of its own instead, so the two workers share the chapters rather
+    than one worker running all of them after the other has finished."""
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ChaptersApart(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if "::test_runs_top_to_bottom[" in nodeid:
+                return nodeid
+            return super()._split_scope(nodeid)
+    return ChaptersApart(config, log)
