@@ -24,7 +24,7 @@ import torch
 from ..engine import Engine, EngineConfig
 from ..model import TinyLlama
 
-__all__ = ["EngineRun", "serve_at_once"]
+__all__ = ["EngineRun", "prepare_at_once", "serve_at_once"]
 
 
 @dataclass(frozen=True)
@@ -49,22 +49,40 @@ class EngineRun:
                 f"decode step {self.decode_step_s * 1e3:6.1f} ms")
 
 
+def _engine(model: TinyLlama, concurrency: int, prompt: int, tokens: int,
+            fast: bool) -> Engine:
+    """The engine :func:`serve_at_once` runs: sized for ``concurrency`` requests of
+    ``prompt + tokens`` positions (so a fast one finds the steps :func:`prepare_at_once`
+    compiled for the same sizes), prefix caching off (every prompt is new anyway)."""
+    if concurrency < 1 or prompt < 1 or tokens < 2:
+        raise ValueError(f"need at least 1 request, 1 prompt token and 2 new tokens, got "
+                         f"{concurrency}, {prompt}, {tokens}")
+    block = 16
+    config = EngineConfig(num_blocks=concurrency * -(-(prompt + tokens) // block) + 4,
+                          block_size=block, max_num_seqs=concurrency,
+                          max_num_batched_tokens=max(256, concurrency * prompt), fast=fast,
+                          enable_prefix_caching=False)
+    return Engine(model, config, record_steps=True)
+
+
+def prepare_at_once(model: TinyLlama, concurrency: int, *, prompt: int = 32, tokens: int = 32,
+                    progress: bool = True) -> float:
+    """Compile (on a GPU: capture) the fast decode step :func:`serve_at_once` will run for
+    these sizes, with a progress line; the seconds it took (0 when already held). A chapter
+    calls it in a cell of its own: a first compile takes tens of seconds."""
+    engine = _engine(model, concurrency, prompt, tokens, fast=True)
+    return sum(c.seconds for c in engine.prepare(rows=(concurrency,), tokens=prompt + tokens,
+                                                 progress=progress))
+
+
 @torch.no_grad()
 def serve_at_once(model: TinyLlama, concurrency: int, *, prompt: int = 32, tokens: int = 32,
                   fast: bool = False, seed: int = 0, progress: bool = True) -> EngineRun:
     """Serve ``concurrency`` random prompts of ``prompt`` tokens, ``tokens`` new tokens each
     (no stop token: every request runs to its cap), all queued before the first step; time
     the run. ``fast``: the engine's fast path, its decode step for ``concurrency`` rows at
-    the window of ``prompt + tokens`` positions prepared first."""
-    if concurrency < 1 or prompt < 1 or tokens < 2:
-        raise ValueError(f"need at least 1 request, 1 prompt token and 2 new tokens, got "
-                         f"{concurrency}, {prompt}, {tokens}")
-    block = 16
-    blocks = concurrency * -(-(prompt + tokens) // block) + 4
-    config = EngineConfig(num_blocks=blocks, block_size=block, max_num_seqs=concurrency,
-                          max_num_batched_tokens=max(256, concurrency * prompt), fast=fast,
-                          enable_prefix_caching=False)
-    engine = Engine(model, config, record_steps=True)
+    the window of ``prompt + tokens`` positions prepared first (:func:`prepare_at_once`)."""
+    engine = _engine(model, concurrency, prompt, tokens, fast)
     costs = engine.prepare(rows=(concurrency,), tokens=prompt + tokens,
                            progress=progress) if fast else []
     g = torch.Generator().manual_seed(seed)
