@@ -34,6 +34,7 @@ from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager, ExitStack
 import time
 from typing import Any
+import warnings
 
 import torch
 from torch import Tensor
@@ -61,6 +62,10 @@ def compiling(settings: Callable[[], AbstractContextManager] | None = None) -> E
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     stack = ExitStack()
     stack.enter_context(config.patch(**{name: max(getattr(config, name), COMPILED_ENTRIES)}))
+    # inductor's autotuner touches a deprecated storage API while it benchmarks: its warning
+    # says nothing to a learner, so it is held back while a step compiles.
+    stack.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
     if settings is not None:
         stack.enter_context(settings())
     return stack

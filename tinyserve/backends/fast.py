@@ -107,7 +107,12 @@ def compile_settings(freezing: bool = False):
     import torch._inductor.config as inductor_config
     if not freezing:
         return inductor_config.patch(freezing=False)
-    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP,ATEN")
+    # The autotuner reports its benchmarks on stderr (a table of choices, a JSON line per
+    # matmul): noise in a notebook's output. Off where this torch has the settings.
+    quiet = {k: v for k, v in (("max_autotune_report_choices_stats", False),
+                               ("autotune_num_choices_displayed", 0))
+             if hasattr(inductor_config, k)}
+    return inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP,ATEN", **quiet)
 
 
 def inductor_cache(root: Path | None) -> Path | None:
