@@ -353,8 +353,9 @@ LOOPS = {"generate", "engine", "speculative", "draft_replay", "batching"}
 BACKEND_MAY_IMPORT = {"config", "device", "model", "kv_cache", "paged", "sampling"}
 #: The model and its storage, below every loop and backend.
 MODEL_AND_STORAGE = {"model", "kv_cache", "paged", "block_manager", "config", "quant"}
-#: Measurement above the loops, which times a backend's step directly.
-MEASURING = {"roofline", "graph_check"}
+#: Measurement above the loops, which times a backend's step directly (fast_lab: the fast
+#: path's steps and passes timed for chapters 1, 3, 6b and 8).
+MEASURING = {"roofline", "graph_check", "workbook.fast_lab"}
 #: Paths a notebook names, kept as a re-export of a backend (chapter 8: tinyserve.spec_graphs).
 KEPT_FOR_NOTEBOOKS = {"spec_graphs"}
 
