@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -130,3 +131,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
                 return nodeid
             return super()._split_scope(nodeid)
     return ChaptersApart(config, log)
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The fast path traced only (its one knob, ``tinyserve.backends.fast.CPU_RECIPE``: the
+    loops' plumbing in seconds, no code generation), its persistent cache in a temporary
+    folder; that folder. The real recipe has tests of its own (tests/test_fast_path.py)."""
+    from tinyserve.backends import fast
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    return tmp_path

@@ -169,44 +169,41 @@ def test_compiled_mlps_follow_weights_changed_after_compiling() -> None:
     assert generate_many(model, prompts, 6, config) == generate_many(reference, prompts, 6, config)
 
 
-def test_serve_compile_flag_reaches_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch):
+    """``serve`` stubbed: the keyword arguments the CLI passed it, and a free port."""
     import socket
     import tinyserve.serving.server as server
-    seen = {}
+    seen: dict = {}
     monkeypatch.setattr(server, "serve", lambda host, port, **kw: seen.update(kw))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["serve", "--port", str(port), "--compile"]) == 0
+    return seen, str(port)
+
+
+def test_serve_compile_flag_reaches_the_engine(served) -> None:
+    seen, port = served
+    assert main(["serve", "--port", port, "--compile"]) == 0
     assert seen["engine_config"].compile is True
-    assert main(["serve", "--port", str(port)]) == 0
+    assert main(["serve", "--port", port]) == 0
     assert seen["engine_config"].compile is False
 
 
 def test_serve_fast_flag_reaches_the_engine_and_excludes_compile(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    import socket
-    import tinyserve.serving.server as server
-    seen = {}
-    monkeypatch.setattr(server, "serve", lambda host, port, **kw: seen.update(kw))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert main(["serve", "--port", str(port), "--fast"]) == 0
+        served, capsys: pytest.CaptureFixture) -> None:
+    seen, port = served
+    assert main(["serve", "--port", port, "--fast"]) == 0
     assert seen["engine_config"].fast is True and seen["engine_config"].compile is False
-    assert main(["serve", "--port", str(port), "--fast", "--compile"]) == 2
+    assert main(["serve", "--port", port, "--fast", "--compile"]) == 2
     assert "--fast and --compile both choose the decode path" in capsys.readouterr().err
 
 
-def test_a_fast_server_prepares_its_largest_step_before_it_serves(
-        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_fast_server_prepares_its_largest_step_before_it_serves(traced) -> None:
     # Traced only (the fast path's one knob): the plumbing, in seconds.
     from fastapi.testclient import TestClient
-    from tinyserve.backends import fast
     from tinyserve.engine import EngineConfig
     from tinyserve.serving.server import create_app
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
-    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
     config = EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4, fast=True)
     app = create_app(engine_config=config)
     with TestClient(app) as client:

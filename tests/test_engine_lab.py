@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.backends import fast
 from tinyserve.config import ModelConfig
 from tinyserve.workbook.engine_lab import prepare_at_once, serve_at_once
 
@@ -17,13 +16,8 @@ SMALL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hid
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 
 
-@pytest.fixture
-def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
-    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
 
-
-def test_a_run_counts_every_requests_tokens_and_its_decode_steps(traced: None) -> None:
+def test_a_run_counts_every_requests_tokens_and_its_decode_steps(traced: Path) -> None:
     model = sharp_model(SMALL, seed=3)
     run = serve_at_once(model, 3, prompt=10, tokens=6, progress=False)
     assert (run.concurrency, run.prompt, run.tokens, run.fast) == (3, 10, 6, False)
@@ -32,7 +26,7 @@ def test_a_run_counts_every_requests_tokens_and_its_decode_steps(traced: None) -
     assert "eager  3 at once" in run.describe()
 
 
-def test_a_fast_run_uses_the_prepared_step(traced: None) -> None:
+def test_a_fast_run_uses_the_prepared_step(traced: Path) -> None:
     model = sharp_model(SMALL, seed=4)
     assert prepare_at_once(model, 2, prompt=10, tokens=6, progress=False) > 0
     run = serve_at_once(model, 2, prompt=10, tokens=6, fast=True, progress=False)

@@ -21,13 +21,6 @@ TINY = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidd
                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
 
 
-@pytest.fixture
-def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
-    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    return tmp_path
-
 
 @pytest.mark.parametrize("value, expected", [("1", True), (" 1 ", True), ("0", False),
                                              ("", False), ("yes", False)])
@@ -75,6 +68,11 @@ def test_prepare_for_chapter_says_the_mode_and_splits_a_pass_set(
     assert [c.compiled for c in rest] == [False, True, True]   # width 1 held from the first call
     held = fast_lab.prepare_for_chapter(model, [verify], "tiny", progress=False)
     assert [c.compiled for c in held] == [False, False, False]
+    capsys.readouterr()
+    # chapter 8's last split cell with quick mode's k = 1: no width of its own, nothing run
+    assert fast_lab.prepare_for_chapter(model, [fast_lab.spec_shapes(1)[0]], "tiny",
+                                        only=[3], progress=False) == []
+    assert "nothing left to prepare in this cell" in capsys.readouterr().out
     decode = fast_lab.prepare_for_chapter(model, fast_lab.decode_shapes([1]), progress=False)
     assert [c.label for c in decode] == ["decode batch 1 x window 128"]
     monkeypatch.setenv(fast_lab.QUICK_ENV, "0")

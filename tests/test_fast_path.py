@@ -32,15 +32,6 @@ ONE_LAYER = ModelConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num
 SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=11)
 
 
-@pytest.fixture
-def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """The fast path traced only (the one knob, fast.CPU_RECIPE), its cache in a temporary
-    folder; that folder."""
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
-    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    return tmp_path
-
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
 def test_fast_generate_gives_eager_tokens(traced: Path, sampling: SamplingParams) -> None:
