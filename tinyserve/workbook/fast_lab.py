@@ -48,7 +48,7 @@ FULL_ROWS = (1, 2, 4, 8, 16, 32)
 QUICK_ROWS = (1, 4)
 #: Drafts per speculative step at scale in chapter 8 (full and quick mode).
 FULL_K = 4
-QUICK_K = 1      # the target's verify passes of 1 and 2 tokens: two compiles fewer than k = 4
+QUICK_K = 1      # the target's verify passes of 1 and 2 tokens: three compiles fewer than k = 4's
 
 
 def quick() -> bool:
