@@ -378,7 +378,7 @@ def test_padding_rows_never_change_a_real_row(model) -> None:
     for bucket in (4, 8):
         cache, bm, prompts = _scratch_cache(model, (9, 6, 13))
         graphs = EngineGraphs(model, cache, max_rows=8)
-        before = cache.k.clone(), cache.v.clone()
+        before = torch.stack(cache.k), torch.stack(cache.v)   # (layers, slots, ...)
         ids, positions, tables = _decode_args(bm, prompts)
         if bucket == 4:                                  # the smallest that holds 3 rows
             assert graphs.shape(3, 13) == (4, 16)
@@ -387,10 +387,10 @@ def test_padding_rows_never_change_a_real_row(model) -> None:
             graphs.buffers.fill(ids, positions, tables, bucket)
             with torch.no_grad():
                 out.append(graphs._forward(bucket, 16)[:3].clone())
-        written = torch.zeros(cache.k.shape[1], dtype=torch.bool)
+        written = torch.zeros(cache.k[0].shape[0], dtype=torch.bool)
         written[[bm.slot(f"r{i}", p) for i, p in enumerate(positions)]] = True
         written[cache.scratch_block * 4:] = True
-        for now, then in zip((cache.k, cache.v), before):
+        for now, then in zip((torch.stack(cache.k), torch.stack(cache.v)), before):
             assert torch.equal(now[:, ~written], then[:, ~written])
             assert not torch.equal(now[:, written], then[:, written])
     torch.testing.assert_close(out[1], out[0], rtol=1e-6, atol=1e-6)
@@ -414,7 +414,7 @@ def test_every_static_step_goes_through_the_same_buffers(model, prompts) -> None
 
     def addresses():
         b = graphs.buffers
-        return [t.data_ptr() for t in (b.packed, b.gathered, graphs.logits, cache.k, cache.v)]
+        return [t.data_ptr() for t in (b.packed, b.gathered, graphs.logits, *cache.k, *cache.v)]
     first, buckets = addresses(), set()
     for p in prompts:
         engine.add_request(p, 12)

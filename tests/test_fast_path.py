@@ -184,6 +184,33 @@ def test_the_fast_engine_gives_the_eager_engines_tokens(traced: Path,
     assert all(isinstance(g, fast.CompiledStep) for g in graphs.graphs.values())
 
 
+def test_the_compiled_engine_step_writes_back_no_more_than_a_layer(traced: Path,
+                                                                    monkeypatch) -> None:
+    # A compiled function that writes into its inputs returns each written input whole, to be
+    # copied back (AOTAutograd's functionalization; inductor then writes in place what it
+    # can). A step that wrote a layer's keys into a view of one (layers, ...) pool, or
+    # gathered into a slice of the shared buffer, wrote back the whole pool or buffer every
+    # step: 2.5x the scale model's batch-1 step. Captured here after functionalization.
+    from torch._dynamo.backends.common import aot_autograd
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, aot_autograd(fw_compiler=keep)))
+    model = sharp_model(SMALL, seed=14)
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=2, fast=True))
+    engine.prepare(rows=(1,), tokens=20, progress=False)
+    layer = engine.executor.cache.k[0]
+    gather = engine.executor.graphs.buffers.gathered
+    [step] = graphs
+    out = [n for n in step.graph.nodes if n.op == "output"][0].args[0]
+    shapes = [tuple(a.meta["val"].shape) for a in out]
+    assert shapes.count(tuple(layer.shape)) == 2 * SMALL.num_hidden_layers   # k and v, in place
+    assert max(a.meta["val"].numel() for a in out) <= layer.numel(), shapes
+    assert tuple(gather.shape) not in shapes, shapes
+
+
 def test_the_fast_engine_prepares_its_shapes_once_and_runs_on_them(traced: Path) -> None:
     model = sharp_model(SMALL, seed=13)
     engine = Engine(model, EngineConfig(num_blocks=48, block_size=4, max_num_seqs=8, fast=True))

@@ -1,7 +1,7 @@
 """Paged KV storage and the attention that reads it through block tables.
 
-Keys and values for every layer live in one pool of slots, ``(layers, num_blocks *
-block_size, n_kv_heads, head_dim)``; :class:`~tinyserve.block_manager.BlockManager` decides
+Keys and values live in one pool of slots, a tensor per layer of ``(num_blocks * block_size,
+n_kv_heads, head_dim)``; :class:`~tinyserve.block_manager.BlockManager` decides
 which slots a sequence owns. A step of the continuous-batching engine runs *one* forward pass
 over a flat list of new tokens from several sequences (a prefill chunk of one, the single
 decode token of others), so the model sees ``(1, N)`` tokens. Everything that is per token
@@ -203,10 +203,17 @@ class PagedKVCache:
         # With ``scratch``, one block past the block manager's ``num_blocks``: the padding
         # rows of a static decode step write and read only there (DecodeBuffers).
         self.scratch_block = num_blocks if scratch else None
-        shape = (config.num_hidden_layers, (num_blocks + scratch) * block_size,
-                 config.num_key_value_heads, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = ((num_blocks + scratch) * block_size, config.num_key_value_heads,
+                 config.head_dim)
+        # One tensor per layer (slots, n_kv, hd), not views of one (layers, ...) tensor: a
+        # compiled step (the CPU fast path) that writes a layer's new keys into a view of a
+        # larger input has inductor copy that whole input back, every layer of every step
+        # (the scale model's batch-1 engine step on one thread, profiled: 165 ms, 112 with a
+        # tensor per layer), where a tensor of its own is written in place, as the compiled
+        # loops' static cache is.
+        layers = range(config.num_hidden_layers)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
         self.layout: StepLayout | None = None
         # Where decode rows' keys and values are gathered, reused by every layer and step:
         # a fresh multi-megabyte tensor per gather came from the OS each time, and its page
@@ -215,14 +222,22 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(t.nbytes for t in (*self.k, *self.v))
+
+    @property
+    def device(self) -> torch.device:
+        return self.k[0].device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k[0].dtype
 
     @property
     def bytes_per_block(self) -> int:
-        return self.nbytes // (self.k.shape[1] // self.block_size)
+        return self.nbytes // (self.k[0].shape[0] // self.block_size)
 
     def prepare(self, rows: Sequence[RowSpec]) -> StepLayout:
-        layout = StepLayout(rows, self.k.device, self.block_size)
+        layout = StepLayout(rows, self.device, self.block_size)
         window = self.config.max_position_embeddings
         if layout.max_position >= window:
             raise ValueError(
@@ -288,10 +303,14 @@ class PagedKVCache:
         qd = q[0, :, :D] if lay.decode_prefix else q[0].index_select(1, lay.decode_tokens)
         # Gather whole units (blocks, or single slots) of the pool: (D, width, n_kv, hd).
         units = (-1, lay.decode_unit * n_kv * hd)
-        if torch.is_grad_enabled():   # out= records no autograd history: a fresh tensor
+        # out= records no autograd history, and a compiled step (the CPU fast path) that
+        # writes into a slice of the shared buffer has inductor copy the whole buffer back
+        # (the scale model's batch-1 engine step: 112 ms, 73 without it): both gather into a
+        # fresh tensor, inductor placing it.
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             kd = k_pool.reshape(units).index_select(0, lay.decode_gather)
             vd = v_pool.reshape(units).index_select(0, lay.decode_gather)
-        else:   # a static step gathers into its own buffer (a fixed address)
+        else:   # an eager or captured static step gathers into its own buffer (fixed address)
             kd, vd = lay.workspace if lay.workspace is not None else \
                 self._workspace(2 * len(lay.decode_gather) * units[1]).view(2, -1, units[1])
             torch.index_select(k_pool.reshape(units), 0, lay.decode_gather, out=kd)
@@ -308,7 +327,7 @@ class PagedKVCache:
     def _workspace(self, numel: int) -> Tensor:
         """``numel`` elements of the reused gather buffer (grown, never shrunk)."""
         if self._gathered.numel() < numel:
-            self._gathered = torch.empty(numel, device=self.k.device, dtype=self.k.dtype)
+            self._gathered = torch.empty(numel, device=self.device, dtype=self.dtype)
         return self._gathered[:numel]
 
 
@@ -340,7 +359,7 @@ class DecodeBuffers:
         if cache.scratch_block is None:
             raise ValueError("static decode steps need a cache made with scratch=True "
                              "(a block the padding rows may write)")
-        cfg, device = cache.config, cache.k.device
+        cfg, device = cache.config, cache.device
         self.cache, self.max_rows, self.max_blocks = cache, max_rows, max_blocks
         self.block_size, self.scratch = cache.block_size, cache.scratch_block
         self.packed = torch.zeros(max_rows, 4 + max_blocks, dtype=torch.long, device=device)
@@ -348,7 +367,7 @@ class DecodeBuffers:
         self.block_tables = self.packed[:, 4:]
         unit = self.block_size * cfg.num_key_value_heads * cfg.head_dim
         self.gathered = torch.empty(2, max_rows * max_blocks, unit, device=device,
-                                    dtype=cache.k.dtype)
+                                    dtype=cache.dtype)
         self._padding = [cfg.pad_token_id, 0, self.scratch * self.block_size, 1] + \
             [self.scratch] * max_blocks
         self.park()
