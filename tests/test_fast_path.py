@@ -152,6 +152,21 @@ def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
     assert inductor_config.freezing is False                      # the patch did not leak
 
 
+def test_the_autotuner_times_cpu_kernels_cold_only_while_a_step_compiles() -> None:
+    # Inductor's CPU loop times a kernel back to back, its weights left in the last-level
+    # cache; held around a fast compile, each timed call comes after a flush, and the
+    # benchmarker is inductor's own again afterwards.
+    from torch._inductor.runtime.benchmarking import benchmarker
+    calls = []
+    with fast.compile_settings(True):
+        ms = benchmarker.benchmark_cpu(lambda: calls.append(1))
+    assert len(calls) == 1 + fast.COLD_REPEATS and ms >= 0
+    assert "benchmark_cpu" not in vars(benchmarker)
+    calls.clear()
+    benchmarker.benchmark_cpu(lambda: calls.append(1), warmup=0, rep=0)
+    assert 0 < len(calls) <= 2                      # inductor's loop: a warm-up, one timed call
+
+
 def _engine_run(model, prompts, config: EngineConfig, sampling=(), joins: int = 0):
     """Every prompt's tokens through one engine; the last ``joins`` prompts join after a few
     steps (continuous batching: rows join and leave the static decode step)."""
