@@ -75,7 +75,9 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._ids = 0
         self._id_lock = threading.Lock()
-        self.listeners: list[Any] = []   # called on the engine thread: (request, event, trace)
+        # Called on the engine thread as a request ends, (request, event, trace), before its
+        # last token is delivered (event None when it was aborted or expired).
+        self.listeners: list[Any] = []
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -197,9 +199,16 @@ class AsyncEngine:
                 req = self._requests.get(event.seq_id)
                 if req is None:
                     continue
-                self._deliver(req, TokenEvent(event.token_id, event.finished, event.finish_reason))
-                if event.finished:
+                token = TokenEvent(event.token_id, event.finished, event.finish_reason)
+                if not event.finished:
+                    self._deliver(req, token)
+                    continue
+                # The listeners first: a client that has read its last token (chapter 9 reads
+                # the server's trace right after) must find the request's trace recorded.
+                try:
                     self._finish(req, event)
+                finally:
+                    self._deliver(req, token)
         # Leave nothing hanging: whatever is still queued is refused.
         while True:
             try:
