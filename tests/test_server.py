@@ -405,3 +405,26 @@ def test_shutdown_drains_in_flight_requests(model, tok) -> None:
     t.join(timeout=60)                                     # the server stopped after draining
     assert result["r"].status_code == 200
     assert result["r"].json()["usage"]["completion_tokens"] == 60
+
+
+def test_a_finished_requests_listeners_run_before_its_last_token_arrives(model) -> None:
+    """A client that has read its last token finds the server's trace of the request
+    recorded (chapter 9 reads it right away): a slow listener makes the other order fail."""
+    from tinyserve.engine import Engine
+    from tinyserve.serving.async_engine import AsyncEngine
+    seen = []
+
+    def slow(req, event, trace) -> None:
+        time.sleep(0.2)
+        seen.append((req.seq_id, trace))
+
+    async def main() -> list:
+        engine = AsyncEngine(Engine(model, EngineConfig(num_blocks=32, block_size=4)))
+        engine.listeners.append(slow)
+        try:
+            stream = engine.submit([1, 2, 3], 4)
+            tokens = [event async for event in stream]
+            return [tokens[-1].finished, len(seen), seen[0][1].token_times == []]
+        finally:
+            await engine.shutdown(1.0)
+    assert asyncio.run(main()) == [True, 1, False]
