@@ -176,9 +176,6 @@ def cold_benchmarks() -> Iterator[None]:
             benchmarker.benchmark_cpu = held
 
 
-
-
-
 def inductor_cache(root: Path | None) -> Path | None:
     """Send inductor's on-disk cache to ``root/inductor/torch-<version>`` (made if missing)
     and return it: kernels built by one torch are never read by another. A

@@ -75,8 +75,9 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._ids = 0
         self._id_lock = threading.Lock()
-        # Called on the engine thread as a request ends, (request, event, trace), before its
-        # last token is delivered (event None when it was aborted or expired).
+        # Called on the engine thread as a request ends, (request, event, trace): before its
+        # last token is delivered when it finishes; after its error, with event None, when it
+        # is aborted or expires in the queue.
         self.listeners: list[Any] = []
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
