@@ -147,7 +147,7 @@ def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
     costs = prepare(model, [fast.Shape(25)], progress=False)
     assert [c.label for c in costs] == ["decode batch 1 x window 32"] and costs[0].compiled
     assert generate(model, prompt, 20, fast=True).tokens == want
-    folder = tmp_path / "inductor" / f"torch-{torch.__version__}"
+    folder = tmp_path / "inductor" / fast.INDUCTOR_FOLDER
     assert any(p.is_file() for p in folder.rglob("*"))           # the kernels, kept on disk
     assert inductor_config.freezing is False                      # the patch did not leak
 
@@ -205,7 +205,8 @@ def test_the_compiled_engine_step_writes_back_no_more_than_a_layer(traced: Path,
     # copied back (AOTAutograd's functionalization; inductor then writes in place what it
     # can). A step that wrote a layer's keys into a view of one (layers, ...) pool, or
     # gathered into a slice of the shared buffer, wrote back the whole pool or buffer every
-    # step: 2.5x the scale model's batch-1 step. Captured here after functionalization.
+    # step: the scale model's batch-1 engine step took 2.3x as long (profiled: 165 against 73
+    # ms). Captured here after functionalization.
     from torch._dynamo.backends.common import aot_autograd
     graphs = []
 

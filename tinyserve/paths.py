@@ -20,7 +20,7 @@ CHECKOUT: Path | None = PACKAGE.parent if (PACKAGE.parent / ".git").exists() els
 
 def cache_dir() -> Path:
     """Where the package keeps what it prepares and can reuse across runs (the fast path's
-    compiled kernels, under ``inductor/torch-<version>``): ``$TINYSERVE_CACHE_DIR`` if set;
+    compiled kernels, under ``inductor/torch-<version>-cold``): ``$TINYSERVE_CACHE_DIR`` if set;
     else, in a checkout, its ``.cache/`` (git-ignored), so a course's generated files stay in
     the folder the learner works in, next to ``runs/``, go with it when it is deleted, and CI
     caches one path inside its workspace; else (an installed package)

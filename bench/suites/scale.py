@@ -847,8 +847,9 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"ms for its {e['mbu_b1']['bytes'] / 1e6:.0f} MB at the best read "
             f"({m['bandwidth_gb_per_s']:.1f} GB/s, {m['bandwidth_way']}); the rows sweep's "
             f"compiled step took {compiled:.2f} ms ({step - compiled:+.2f} ms: the engine's "
-            f"own work a step, its inputs' copy into the static buffers, sampling, the "
-            f"read-back)")
+            f"step is a compile of its own, its paged gather and its own autotuned kernel "
+            f"choices, plus the host work around it: its inputs' copy into the static "
+            f"buffers, sampling, the read-back)")
     if "scale_engine_throughput_4_vs_1" in missed and "steps" in e:
         one, four = e["steps"]["1"], e["steps"]["4"]
         sweep = {r["rows"]: r for r in m["sweep"]}

@@ -27,7 +27,7 @@ What it costs, and how a run lives with it: each shape is a compile of its own (
 bucket x a cache window for decode; one per width for speculation), tens of seconds to
 minutes on two cores. :func:`prepare` compiles exactly the shapes a run needs, up front, with
 a progress bar, and returns what each took; the compiled kernels go to a persistent folder
-(:func:`inductor_cache`: ``<cache>/inductor/torch-<version>``), so a second process
+(:func:`inductor_cache`: ``<cache>/inductor/torch-<version>-cold``), so a second process
 compiles from them. With freezing inductor's whole-graph cache is bypassed (frozen weights
 cannot be pickled), so a repeat still traces and lowers the graph but reuses the built C++
 kernels. One decode shape (batch 1, window 64), load 6-9 on two cores: the shipped target
@@ -60,9 +60,9 @@ from .decoder_cache import DecoderCache
 from .spec_graphs import StaticPasses, static_passes
 from .static import window_for
 
-__all__ = ["CPU_RECIPE", "FASTEST", "CompiledStep", "Recipe", "Shape", "ShapeCost",
-           "cold_benchmarks", "compile_settings", "draft_shape", "engine_steps", "fast_decoder",
-           "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
+__all__ = ["CPU_RECIPE", "FASTEST", "INDUCTOR_FOLDER", "CompiledStep", "Recipe", "Shape",
+           "ShapeCost", "cold_benchmarks", "compile_settings", "draft_shape", "engine_steps",
+           "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
 @dataclass(frozen=True)
 class Recipe:
@@ -144,8 +144,10 @@ def cold_benchmarks() -> Iterator[None]:
     template for 6-7 of the step's 21 matmuls and the step took 74-81 ms; timed cold, MKL's
     linear for 20-21 of them and 67-73 ms. Through :func:`fast_decoder` afterwards (one
     compile each): batch 1 took MKL's for 16 of 21 (82.8 ms, eager 84.5), 4 rows for all 21
-    (94.8 ms, eager 197). Each flush costs ~40 ms here, ~2 s more a compile than inductor's
-    own loop. A torch without that benchmarker keeps its own."""
+    (94.8 ms, eager 197). What it costs: a flush takes ~40 ms here; compiling the batch-1 step
+    timed 12 choices, 3.8-4.7 s in all (inductor's loop spends ~0.12 s a choice), within the
+    noise of the whole compile (fresh cache folder, back to back: 98 s timed cold, 109 s hot).
+    A torch without that benchmarker keeps its own."""
     try:
         from torch._inductor.runtime.benchmarking import benchmarker
     except ImportError:
@@ -176,9 +178,16 @@ def cold_benchmarks() -> Iterator[None]:
             benchmarker.benchmark_cpu = held
 
 
+#: The folder under ``<cache>/inductor`` for this torch and this way of autotuning:
+#: inductor's autotune cache keys each matmul's timings by the shapes and choices alone, so
+#: timings taken hot (before :func:`cold_benchmarks`) would be read back as they were.
+INDUCTOR_FOLDER = f"torch-{torch.__version__}-cold"
+
+
 def inductor_cache(root: Path | None) -> Path | None:
-    """Send inductor's on-disk cache to ``root/inductor/torch-<version>`` (made if missing)
-    and return it: kernels built by one torch are never read by another. A
+    """Send inductor's on-disk cache to ``root/inductor/`` :data:`INDUCTOR_FOLDER` (made if
+    missing) and return it: kernels built, and choices timed, by one torch and one way of
+    timing are never read by another. A
     ``TORCHINDUCTOR_CACHE_DIR`` the user set wins (returned as is). Called before the first
     fast compile, never at import; ``root=None`` leaves inductor's default."""
     if root is None:
@@ -186,7 +195,7 @@ def inductor_cache(root: Path | None) -> Path | None:
     set_by_user = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if set_by_user and not _inductor_default(set_by_user):
         return Path(set_by_user)
-    folder = Path(root) / "inductor" / f"torch-{torch.__version__}"
+    folder = Path(root) / "inductor" / INDUCTOR_FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
     return folder
