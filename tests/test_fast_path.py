@@ -167,6 +167,19 @@ def test_the_autotuner_times_cpu_kernels_cold_only_while_a_step_compiles() -> No
     assert 0 < len(calls) <= 2                      # inductor's loop: a warm-up, one timed call
 
 
+def test_the_cold_timer_works_when_a_compile_starts_in_inference_mode() -> None:
+    # Chapter 8's speculative graphs compile on their first pass, inside inference mode, and
+    # the autotuner then times its choices outside it (CI, a fresh cache: every choice failed
+    # with "inplace update to inference tensor", and the compile with no choice left).
+    from torch._inductor.runtime.benchmarking import benchmarker
+    calls = []
+    with torch.inference_mode(), fast.compile_settings(True):
+        with torch.inference_mode(False):
+            ms = benchmarker.benchmark_cpu(lambda: calls.append(1))
+        ms_inside = benchmarker.benchmark_cpu(lambda: calls.append(1))
+    assert len(calls) == 2 * (1 + fast.COLD_REPEATS) and ms >= 0 and ms_inside >= 0
+
+
 def _engine_run(model, prompts, config: EngineConfig, sampling=(), joins: int = 0):
     """Every prompt's tokens through one engine; the last ``joins`` prompts join after a few
     steps (continuous batching: rows join and leave the static decode step)."""

@@ -156,7 +156,11 @@ def cold_benchmarks() -> Iterator[None]:
     if not hasattr(benchmarker, "benchmark_cpu"):
         yield
         return
-    flush = torch.empty(FLUSH_BYTES // 4)
+    # A normal tensor even when the compile starts inside inference mode (a speculative
+    # graph's first pass): the autotuner may time outside it, where an inference tensor
+    # cannot be written.
+    with torch.inference_mode(False):
+        flush = torch.empty(FLUSH_BYTES // 4)
 
     def timed(fn: Callable[[], Any], *_: Any, **__: Any) -> float:
         fn()                                   # the first call pays for anything lazy
