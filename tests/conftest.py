@@ -1,6 +1,7 @@
 """Shared test set-up: deterministic torch on a small number of threads."""
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -62,7 +63,29 @@ def _sdpa_layout_switch():
         yield
 
 
+def _compiles(item: pytest.Item) -> int | None:
+    """How many cells of a chapter run compile the fast path (a minute or more each, the
+    heaviest units of ``make test``); None for any test other than a chapter run."""
+    if "::test_runs_top_to_bottom[" not in item.nodeid:
+        return None
+    from test_course_notebooks import _PREPARES
+    return len(_PREPARES.findall(Path(item.callspec.params["path"]).read_text()))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Longest first, as xdist hands out scopes in collection order (``make test``'s scheduler
+    # below keeps it): the chapter runs, most compiles first, then the files, most tests first
+    # (xdist's own order). Left to xdist, every one-test chapter run came last, so the slowest
+    # unit (chapter 8, six minutes cold) could start last and run alone. The same order in every worker (xdist
+    # checks it); a stable sort, so a file's tests keep theirs.
+    per_file = collections.Counter(item.nodeid.split("::")[0] for item in items)
+
+    def longest_first(item: pytest.Item) -> tuple[int, int]:
+        compiles = _compiles(item)
+        if compiles is not None:
+            return (0, -compiles)
+        return (1, -per_file[item.nodeid.split("::")[0]])
+    items.sort(key=longest_first)
     # GPU tests are collected everywhere and skipped, with the reason, where CUDA is absent.
     if torch.cuda.is_available():
         return
@@ -124,6 +147,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     if config.getoption("dist", None) != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+    # Keep the collection's order (longest first: pytest_collection_modifyitems); xdist's own,
+    # most tests first, put every one-test chapter run last.
+    config.option.loadscopereorder = False
 
     class ChaptersApart(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
