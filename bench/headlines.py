@@ -135,7 +135,7 @@ _SCALE_SOURCES = tuple(dict.fromkeys((
     "tinyserve/backends/cuda_graph.py", "tinyserve/backends/decoder_cache.py",
     "tinyserve/paths.py", *_STEP, *_ENGINE)))
 #: What bench llamacpp times on our side: the scale model exported by our writer, its fastest
-#: compiled step, the eager loop, fbgemm int8 (llama.cpp's own version is in the report).
+#: compiled step, the eager loop, group-wise and per-row int8 (llama.cpp's own version is in the report).
 _LLAMACPP_SOURCES = ("bench/suites/llamacpp.py", "tinyserve/hf_export.py", "tinyserve/scale.py",
                      "tinyserve/roofline.py", "tinyserve/backends/compiled.py",
                      "tinyserve/backends/static.py", "tinyserve/quant.py", *_STEP)

@@ -5,10 +5,13 @@ TORCHINDUCTOR_CACHE_DIR), and names contradictory switches.
 
 Most tests run the fast path's plumbing on a traced-only recipe (``backend="eager"``: the
 same static buffers, decoders and dispatch, seconds instead of minutes per shape); one
-compiles for real with the fastest settings, on the smallest model and shape."""
+compiles for real with the fastest settings, on the smallest model and shape, and one compiles a
+group-wise int8 model for real."""
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,7 @@ from tinyserve.draft_replay import ReplayDrafter, greedy_script
 from tinyserve.engine import Engine, EngineConfig, generate_many
 from tinyserve.generate import generate, generate_batch, prepare
 from tinyserve.paths import CHECKOUT, cache_dir
+from tinyserve.quant import quantize_model
 from tinyserve.sampling import SamplingParams
 from tinyserve.speculative import ModelDrafter, SpeculativeDecoder, speculative_generate
 
@@ -99,6 +103,41 @@ def test_a_weight_changed_in_place_gets_a_new_fast_decoder(traced: Path) -> None
     with torch.no_grad():
         fresh.lm_head.weight.mul_(-1)
     assert generate(model, prompt, 8, fast=True).tokens == generate(fresh, prompt, 8).tokens
+
+
+def test_an_int8_weight_changed_in_place_gets_a_new_fast_decoder(traced: Path) -> None:
+    # An int8 model keeps its weights in buffers (quant.Int8Linear), not parameters.
+    model = quantize_model(sharp_model(ONE_LAYER, seed=5), group_size=8)
+    before = fast.fast_decoder(model, 1, 16)
+    assert fast.fast_decoder(model, 1, 16) is before
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.scale.mul_(2)
+    assert fast.fast_decoder(model, 1, 16) is not before
+
+
+def test_a_grouped_int8_model_compiles_to_the_fused_reduction_with_eager_tokens(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # The real recipe, freezing included: its constant folding could turn each int8 weight
+    # into a float copy (dequantizing a constant is itself constant), which would read 4 bytes
+    # a weight again. The generated code shows what the step reads.
+    from torch._inductor.utils import run_and_get_code
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    model = quantize_model(sharp_model(ONE_LAYER, seed=8), group_size=8)
+    prompt = random_prompt(64, 6, seed=9)
+    want = generate(model, prompt, 16, graph=False).tokens
+    got, codes = run_and_get_code(lambda: generate(model, prompt, 16, fast=True).tokens)
+    assert got == want
+    code = "\n".join(codes)
+    assert "const int8_t*" in code                 # a kernel loads the int8 weights itself
+    frozen = re.findall(r"_frozen_param\d+ = None  # device\(type='cpu'\) torch\.(\w+) \(([\d, ]*)\)",
+                        code)
+    numel = {dtype: sum(math.prod(int(n) for n in shape.split(",") if n.strip())
+                        for d, shape in frozen if d == dtype) for dtype in ("int8", "float32")}
+    weights = sum(b.numel() for name, b in model.named_buffers() if name.endswith("qweight"))
+    weights -= model.lm_head.qweight.numel()        # tied: the LM head is the embedding's table
+    # Every int8 weight stays int8; the float constants are scales, norms and rope tables.
+    assert numel["int8"] >= weights and numel["float32"] < weights / 2, numel
 
 
 def test_contradictory_switches_are_named(traced: Path) -> None:

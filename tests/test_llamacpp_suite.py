@@ -25,25 +25,31 @@ def test_agreement_counts_leading_tokens_only() -> None:
 
 def _times() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     decode = {"fast": [8.0, 9.0, 30.0], "eager": [12.0, 12.0, 12.0], "int8": [5.0, 5.0, 5.0],
+              "int8_rowwise": [4.0, 4.0, 4.0],
               "llamacpp_f32": [10.0, 10.0, 10.0], "llamacpp_q8_0": [4.0, 5.0, 2.0]}
-    prefill = {"fp32": [2.0, 2.0, 2.0], "int8": [1.0, 1.0, 1.0],
+    prefill = {"fp32": [2.0, 2.0, 2.0], "int8": [1.0, 1.0, 1.0], "int8_rowwise": [0.5, 0.5, 0.5],
                "llamacpp_f32": [1.0, 4.0, 2.0], "llamacpp_q8_0": [1.0, 1.0, 1.0]}
     return decode, prefill
 
 
 def test_ratios_are_ours_over_theirs_median_of_same_round_pairs() -> None:
     decode, prefill = _times()
-    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 30, "llamacpp_q8_0": 40,
-                                                       "llamacpp_f32": 128})
+    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 30, "int8_rowwise": 20,
+                                                       "llamacpp_q8_0": 40, "llamacpp_f32": 128})
     assert set(RATIOS) <= set(ratios)
     assert ratios["scale_fast_vs_llamacpp_f32_decode"] == pytest.approx(0.9)   # 0.8 0.9 3.0
     assert ratios["scale_int8_vs_llamacpp_q8_decode"] == pytest.approx(1.25)   # 1.25 1 2.5
     assert ratios["scale_prefill_vs_llamacpp_f32"] == pytest.approx(1.0)       # 2 0.5 1
     assert ratios["scale_int8_agreement_vs_llamacpp_q8"] == pytest.approx(0.75)
+    # the per-row fbgemm model beside it, under its own names
+    assert ratios["scale_int8_rowwise_vs_llamacpp_q8_decode"] == pytest.approx(1.0)  # 1 .8 2
+    assert ratios["scale_int8_rowwise_agreement_vs_llamacpp_q8"] == pytest.approx(0.5)
+    assert ratios["scale_int8_rowwise_prefill_vs_llamacpp_q8"] == pytest.approx(0.5)
     assert llamacpp.median_pair_ratio([1.0, 3.0], [1.0, 1.0]) == 2.0           # even: the mean
     # q8_0 kept nothing: no ratio to divide out (the counts stay in the report)
-    none = llamacpp.compute_ratios(decode, prefill, {"int8": 3, "llamacpp_q8_0": 0})
-    assert "scale_int8_agreement_vs_llamacpp_q8" not in none
+    none = llamacpp.compute_ratios(decode, prefill, {"int8": 3, "int8_rowwise": 2,
+                                                     "llamacpp_q8_0": 0})
+    assert not [name for name in none if "agreement" in name]
 
 
 def test_the_ledger_declares_the_four_ratios_with_goals() -> None:
@@ -61,7 +67,7 @@ def test_the_ledger_declares_the_four_ratios_with_goals() -> None:
 
 def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
     decode, prefill = _times()
-    kept = {"int8": 30, "llamacpp_q8_0": 40, "llamacpp_f32": 128}
+    kept = {"int8": 30, "int8_rowwise": 20, "llamacpp_q8_0": 40, "llamacpp_f32": 128}
     ratios = llamacpp.compute_ratios(decode, prefill, kept)
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": kept, "possible": 128}}
@@ -69,6 +75,7 @@ def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
     assert set(notes) == {"scale_int8_vs_llamacpp_q8_decode",
                           "scale_int8_agreement_vs_llamacpp_q8", "load"}
     assert "kept 30 leading ones" in notes["scale_int8_agreement_vs_llamacpp_q8"]
+    assert "per-row fbgemm W8A8 20" in notes["scale_int8_agreement_vs_llamacpp_q8"]
     assert "not a quiet machine" in notes["load"]
     assert "load" not in llamacpp.explain(ratios, m, [0.2, 0.4])
 

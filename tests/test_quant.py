@@ -18,9 +18,11 @@ from conftest import random_prompt, sharp_model
 from tinyserve.config import ModelConfig
 from tinyserve.kv_cache import CacheFullError, KVCache
 from tinyserve.model import TinyLlama
-from tinyserve.quant import (Int8Embedding, Int8KVCache, Int8Linear, QuantizedTinyLlama,
-                             dequantize_rows, quality, quantize_model, quantize_per_tensor,
-                             quantize_rows, tensor_bytes, validation_windows, weight_bytes)
+from tinyserve.quant import (FUSED_ROWS, Int8Embedding, Int8KVCache, Int8Linear,
+                             QuantizedTinyLlama, dequantize_groups, dequantize_rows,
+                             grouped_matvec, quality, quantize_groups, quantize_model,
+                             quantize_per_tensor, quantize_rows, tensor_bytes,
+                             validation_windows, weight_bytes)
 
 SMALL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48)
@@ -77,6 +79,35 @@ def test_quantizer_rejects_integers() -> None:
         quantize_rows(torch.ones(2, 2, dtype=torch.int64))
 
 
+def test_a_scale_per_group_bounds_each_groups_error_by_its_own_step() -> None:
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(6, 96, generator=g)
+    w[:, 5] = 40.0                                     # an outlier in the first group of each row
+    q, s = quantize_groups(w, 32)
+    assert q.shape == w.shape and q.dtype == torch.int8 and s.shape == (6, 3)
+    err = (dequantize_groups(q, s) - w).abs().reshape(6, 3, 32)
+    assert bool((err <= s[..., None] / 2 * (1 + 1e-5)).all())
+    # The outlier coarsens its own group only: the other groups keep a step 10x finer than
+    # the row's one scale would give them.
+    row_q, row_s = quantize_rows(w)
+    assert bool((s[:, 1:] * 10 < row_s[:, None]).all())
+    assert (dequantize_rows(row_q, row_s) - w)[:, 32:].abs().max() > 5 * err[:, 1:].max()
+    # One group per row is the per-row quantizer.
+    assert torch.equal(quantize_groups(w, 96)[0], row_q)
+    assert torch.equal(dequantize_groups(*quantize_groups(w, 96)), dequantize_rows(row_q, row_s))
+    with pytest.raises(ValueError, match="group_size 40 must divide the last dimension \\(96\\)"):
+        quantize_groups(w, 40)
+
+
+@pytest.mark.parametrize("rows", [(1,), (2, 3), (FUSED_ROWS,)])
+def test_the_fused_grouped_matvec_equals_dequantize_then_matmul(rows) -> None:
+    g = torch.Generator().manual_seed(5)
+    q, s = quantize_groups(torch.randn(40, 64, generator=g), 16)
+    x = torch.randn(*rows, 64, generator=g)
+    want = F.linear(x, dequantize_groups(q, s))
+    torch.testing.assert_close(grouped_matvec(x, q, s), want, rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ int8 linear layers
 
 @pytest.mark.parametrize("kernel", ["scale_after", "int8pack", "compiled", "auto"])
@@ -99,6 +130,31 @@ def test_bad_kernel_and_bias_are_named() -> None:
         Int8Linear(torch.zeros(2, 2, dtype=torch.int8), torch.ones(2), "fp4")
     with pytest.raises(ValueError, match="bias-free"):
         Int8Linear.from_linear(torch.nn.Linear(4, 4))
+
+
+def test_group_scales_run_only_on_the_kernels_written_for_them() -> None:
+    q, s = quantize_groups(torch.randn(8, 64), 32)
+    layer = Int8Linear(q, s)
+    assert layer.kernel_for(torch.randn(1, 64)) == "grouped" and layer.group_size == 32
+    assert "a scale per 32" in repr(layer)
+    with pytest.raises(ValueError, match="kernel 'fbgemm' takes one scale per output row"):
+        Int8Linear(q, s, "fbgemm")
+    with pytest.raises(ValueError, match="group_size=32 runs on the kernels reference, grouped"):
+        quantize_model(sharp_model(SMALL, seed=0), kernel="scale_after", group_size=32)
+
+
+def test_a_grouped_model_quantizes_every_matrix_and_its_tie_in_groups() -> None:
+    model = sharp_model(SMALL, seed=6)
+    qm = quantize_model(model, group_size=16)
+    layers = [qm.model.layers[0].self_attn.q_proj, qm.model.layers[1].mlp.down_proj, qm.lm_head]
+    assert all(m.group_size == 16 and m.kernel == "auto" for m in layers)
+    assert qm.lm_head.qweight is qm.model.embed_tokens.qweight
+    assert qm.model.embed_tokens.scale.shape == (SMALL.vocab_size, SMALL.hidden_size // 16)
+    ids = torch.tensor([random_prompt(SMALL.vocab_size, 12, seed=7)])
+    table = dequantize_groups(qm.model.embed_tokens.qweight, qm.model.embed_tokens.scale)
+    assert torch.equal(qm.model.embed_tokens(ids), table[ids])
+    with torch.no_grad():   # eagerly the grouped kernel is the reference, exactly
+        assert torch.equal(qm(ids), quantize_model(model, kernel="reference", group_size=16)(ids))
 
 
 def test_quantize_model_copies_ties_and_leaves_the_original_alone() -> None:

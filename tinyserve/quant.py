@@ -52,6 +52,19 @@ trades accuracy for speed, tested within a stated bound:
   its own largest ``|x|`` depending on its batch-mates: batched outputs are close to, not
   equal to, the same rows run alone.
 
+**A scale per group of weights** (:func:`quantize_groups`, ``quantize_model(group_size=32)``):
+each row split into groups of ``group_size`` consecutive weights (along the input), each
+group quantized as a row is above, with a scale of its own. llama.cpp's q8_0 does this with
+32 (its block). An outlier then sets the step of its 31 neighbours only, where with one
+scale per row it coarsens all ``in_features`` weights of that output: on the scale model's
+random weights the per-row W8A8 of ``fbgemm`` lost leading greedy tokens that q8_0 kept
+(``bench llamacpp``). It costs 4 bytes per group (1/8 byte a weight at 32), and
+PyTorch has no CPU kernel for it: the ``grouped`` kernel dequantizes and calls the GEMM
+eagerly, and inside a compiled step of a few rows (the fast path's decode step and verify
+passes, :data:`FUSED_ROWS`) writes the product as one multiply-and-sum
+(:func:`grouped_matvec`) that inductor turns into a reduction reading the int8 weights
+directly. Weight-only, as ``scale_after`` is: the activations stay in float.
+
 **The tied embedding** (:func:`quantize_model`). The target reads tokens in and scores them out
 with one (vocab, hidden) matrix. Per-row scales suit both uses: a row is one token's embedding
 (what a lookup reads) and one output channel of the LM head. So the matrix is quantized once
@@ -80,7 +93,17 @@ from .kv_cache import KVCache
 from .model import TinyLlama
 
 QMAX = 127  # symmetric int8 grid: -127..127
-KERNELS = ("reference", "scale_after", "int8pack", "fbgemm", "compiled", "auto")
+KERNELS = ("reference", "scale_after", "int8pack", "fbgemm", "compiled", "grouped", "auto")
+#: The kernels that take a scale per group of weights (:func:`quantize_groups`); the others
+#: are written for one scale per output row.
+GROUP_KERNELS = ("reference", "grouped", "auto")
+#: Inside a compiled step, :func:`grouped_matvec` multiplies inputs of at most this many rows
+#: (decode steps, verify passes). More rows dequantize and call the GEMM: the reduction's work
+#: grows with the rows (each converts and multiplies every weight again). With freezing (the fast path on a CPU) that
+#: dequantization of a constant is folded at compile time, so such a step holds a float copy
+#: of the weights (measured on a one-layer model: every projection frozen in fp32; only the
+#: embedding table, which a lookup reads, stayed int8).
+FUSED_ROWS = 8
 KERNEL_NOTES = {
     "reference": "dequantize the weight, then F.linear (the plain definition)",
     "scale_after": "F.linear(x, q) * s: int8 values cast to float, one scale per output after",
@@ -90,6 +113,8 @@ KERNEL_NOTES = {
               "per call to 7 bits, int8 x int8 -> int32; fast, not weight-only",
     "compiled": "scale_after through torch.compile: one-row steps read int8 in a fused "
                 "reduction (inductor); more rows use cuBLAS on a cast copy",
+    "grouped": "a scale per group of weights (q8_0's layout): eagerly dequantize, then "
+               "F.linear; in a compiled step of few rows one fused reduction that reads int8",
     "auto": "scale_after on the CPU; on CUDA the fastest of int8pack, compiled and scale_after "
             "(timed once per device, dtype and shape class; see auto_choices())",
 }
@@ -341,17 +366,59 @@ def quantize_per_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
     return q.reshape(x.shape), scale.reshape(())
 
 
+def quantize_groups(x: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+    """int8 values (shape of ``x``) and fp32 scales (``x.shape[:-1] + (groups,)``): one scale
+    per ``group_size`` consecutive entries of the last dimension, each group quantized as
+    :func:`quantize_rows` quantizes a row. llama.cpp's q8_0 keeps one per 32 weights: an
+    outlier then coarsens the step of its 31 neighbours, not of its whole row."""
+    if group_size < 1 or x.shape[-1] % group_size:
+        raise ValueError(f"group_size {group_size} must divide the last dimension "
+                         f"({x.shape[-1]}): pick a divisor such as 32, 64 or 128")
+    q, scale = quantize_rows(x.reshape(*x.shape[:-1], -1, group_size))
+    return q.reshape(x.shape), scale
+
+
+def dequantize_groups(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """:func:`dequantize_rows` for :func:`quantize_groups`' values (one scale per group);
+    with one group per row it is :func:`dequantize_rows`."""
+    grouped = q.reshape(*q.shape[:-1], scale.shape[-1], -1)
+    return dequantize_rows(grouped, scale, dtype).reshape(q.shape)
+
+
+def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
+    """``x @ W.T`` with ``W`` = :func:`dequantize_groups` ``(qweight, scale)``, written as one
+    multiply-and-sum over (group, weight-in-group): what a compiled step uses for a few rows.
+    Inductor fuses it into one reduction per output that loads int8, converts, multiplies by
+    the input and the group's scale and accumulates, so a step reads 1 byte a weight (plus a
+    4-byte scale per group) and never writes a float copy. Eagerly it materialises the
+    products: :class:`Int8Linear` uses it only inside a compile."""
+    out_features, in_features = qweight.shape
+    groups = scale.shape[-1]
+    xg = x.reshape(1, -1, groups, in_features // groups)
+    wg = qweight.reshape(out_features, 1, groups, -1)
+    # (out, rows), then transposed: inductor's loops follow the output's dimensions, so with
+    # the outputs outermost each weight row is loaded once and reused from L1 for every input
+    # row; (rows, out) would stream the whole matrix once per row (both read in its code).
+    out = (xg * wg * scale.to(x.dtype)[:, None, :, None]).sum((-2, -1)).T
+    return out.reshape(*x.shape[:-1], out_features)
+
+
 class Int8Linear(nn.Module):
-    """A bias-free linear layer whose weight (out, in) is int8 with one scale per output."""
+    """A bias-free linear layer whose weight (out, in) is int8 with one scale per output, or
+    with ``scale`` of shape (out, groups) one per group of ``in / groups`` weights
+    (:func:`quantize_groups`; kernels :data:`GROUP_KERNELS`)."""
 
     def __init__(self, qweight: Tensor, scale: Tensor, kernel: str = "auto") -> None:
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+        if scale.dim() == 2 and kernel not in GROUP_KERNELS:
+            raise ValueError(f"kernel {kernel!r} takes one scale per output row; a scale per "
+                             f"group of weights runs on {', '.join(GROUP_KERNELS)}")
         if kernel == "fbgemm":
             fbgemm_engine()  # fail here, not at the first forward, where the engine is missing
         self.register_buffer("qweight", qweight)  # (out, in) int8
-        self.register_buffer("scale", scale)      # (out,) fp32
+        self.register_buffer("scale", scale)      # (out,) or (out, groups) fp32
         self.kernel = kernel
         self.out_features, self.in_features = qweight.shape
         self._packed: tuple[tuple[int, ...], torch.ScriptObject] | None = None  # fbgemm only
@@ -370,13 +437,24 @@ class Int8Linear(nn.Module):
         return {**state, "_packed": None}  # a cache: copies and pickles repack on first use
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kernel: str = "auto") -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, kernel: str = "auto",
+                    group_size: int | None = None) -> "Int8Linear":
+        """``linear``'s weight quantized per output row, or per ``group_size`` weights."""
         if linear.bias is not None:
             raise ValueError("Int8Linear covers the model's bias-free projections only")
-        q, s = quantize_rows(linear.weight.detach())
+        weight = linear.weight.detach()
+        q, s = quantize_rows(weight) if group_size is None else quantize_groups(weight, group_size)
         return cls(q, s, kernel)
 
+    @property
+    def group_size(self) -> int:
+        """Weights per scale along the input: ``in_features`` for one scale per row."""
+        return self.in_features // self.scale.shape[-1] if self.scale.dim() == 2 \
+            else self.in_features
+
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
+        if self.scale.dim() == 2:
+            return dequantize_groups(self.qweight, self.scale, dtype)
         return dequantize_rows(self.qweight, self.scale, dtype)
 
     def kernel_for(self, x: Tensor) -> str:
@@ -385,13 +463,18 @@ class Int8Linear(nn.Module):
         plain ``scale_after`` expression, which the compiler fuses)."""
         if self.kernel != "auto":
             return self.kernel
+        if self.scale.dim() == 2:
+            return "grouped"
         if x.device.type != "cuda" or torch.compiler.is_compiling():
             return "scale_after"
         return auto_kernel(x, self.qweight, self.scale)
 
     def forward(self, x: Tensor) -> Tensor:
         kernel = self.kernel_for(x)
-        if kernel == "reference":
+        if kernel == "grouped" and torch.compiler.is_compiling() and \
+                x.numel() // self.in_features <= FUSED_ROWS:
+            return grouped_matvec(x, self.qweight, self.scale)
+        if kernel in ("reference", "grouped"):
             return F.linear(x, self.dequantized_weight(x.dtype))
         if kernel == "scale_after":
             return scale_after(x, self.qweight, self.scale)
@@ -421,11 +504,14 @@ class Int8Linear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, int8, kernel={self.kernel}"
+        groups = f", a scale per {self.group_size}" if self.scale.dim() == 2 else ""
+        return (f"in={self.in_features}, out={self.out_features}, int8{groups}, "
+                f"kernel={self.kernel}")
 
 
 class Int8Embedding(nn.Module):
-    """Token lookup from an int8 (vocab, hidden) table with one scale per token row."""
+    """Token lookup from an int8 (vocab, hidden) table with one scale per token row, or per
+    group of each row (scale (vocab, groups))."""
 
     def __init__(self, qweight: Tensor, scale: Tensor, dtype: torch.dtype) -> None:
         super().__init__()
@@ -434,6 +520,8 @@ class Int8Embedding(nn.Module):
         self.out_dtype = dtype
 
     def forward(self, ids: Tensor) -> Tensor:
+        if self.scale.dim() == 2:   # a scale per group of each row (quantize_groups)
+            return dequantize_groups(self.qweight[ids], self.scale[ids], self.out_dtype)
         return (self.qweight[ids].to(self.out_dtype) * self.scale[ids, None].to(self.out_dtype))
 
 
@@ -451,8 +539,8 @@ class QuantizedTinyLlama(TinyLlama):
         return self.model.norm.weight.dtype
 
 
-def quantize_model(model: TinyLlama, *, kernel: str = "auto",
-                   embeddings: bool = True) -> QuantizedTinyLlama:
+def quantize_model(model: TinyLlama, *, kernel: str = "auto", embeddings: bool = True,
+                   group_size: int | None = None) -> QuantizedTinyLlama:
     """A new model whose linear layers hold int8 weights; ``model`` is left untouched.
 
     ``kernel`` picks how every int8 linear layer, the tied LM head included, multiplies (see
@@ -464,9 +552,16 @@ def quantize_model(model: TinyLlama, *, kernel: str = "auto",
     Norm gains stay in float (a few hundred numbers). The tied embedding / LM head is
     quantized once, per token row, and shared (see the module docstring); with
     ``embeddings=False`` it stays in float.
+
+    ``group_size`` (e.g. 32, llama.cpp's q8_0 block) gives every weight matrix, the tied one
+    included, a scale per ``group_size`` weights along its input (:func:`quantize_groups`)
+    instead of one per row; such a model runs on the ``grouped`` kernel (``auto`` picks it).
     """
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: {', '.join(KERNELS)}")
+    if group_size is not None and kernel not in GROUP_KERNELS:
+        raise ValueError(f"group_size={group_size} runs on the kernels {', '.join(GROUP_KERNELS)}, "
+                         f"not {kernel!r} (written for one scale per row)")
     if isinstance(model, QuantizedTinyLlama):
         raise ValueError("the model is already quantized; quantize the float model instead")
     cfg: ModelConfig = model.config
@@ -477,14 +572,16 @@ def quantize_model(model: TinyLlama, *, kernel: str = "auto",
         for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                               (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
-                setattr(parent, name, Int8Linear.from_linear(getattr(parent, name), kernel))
+                setattr(parent, name, Int8Linear.from_linear(getattr(parent, name), kernel,
+                                                             group_size))
     if embeddings:
-        q, s = quantize_rows(new.model.embed_tokens.weight.detach())
+        table = new.model.embed_tokens.weight.detach()
+        q, s = quantize_rows(table) if group_size is None else quantize_groups(table, group_size)
         new.model.embed_tokens = Int8Embedding(q, s, model.dtype)
         if cfg.tie_word_embeddings:
             new.lm_head = Int8Linear(q, s, kernel)  # the very same int8 tensors: still tied
         else:
-            new.lm_head = Int8Linear.from_linear(new.lm_head, kernel)
+            new.lm_head = Int8Linear.from_linear(new.lm_head, kernel, group_size)
     return new
 
 

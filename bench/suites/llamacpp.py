@@ -21,17 +21,22 @@ What one run does, in order:
 - **tokens first**: 16 greedy tokens from a fixed prompt, ours (fp32, the plain loop) against
   llama.cpp f32; they must be equal, or the suite stops before timing anything. Then over
   ``AGREE_PROMPTS`` prompts, how many leading greedy tokens each 8-bit model keeps of our fp32
-  model's: our int8 (``quantize_model(kernel="fbgemm")``: per-row W8A8) and llama.cpp's q8_0
-  (a scale per 32 weights);
+  model's: our int8 (``quantize_model(group_size=32)``: a scale per 32 weights, q8_0's layout,
+  weight-only), our per-row int8 (``quantize_model(kernel="fbgemm")``: W8A8, activations
+  quantized per call) and llama.cpp's q8_0 (a scale per 32 weights, activations quantized to
+  q8_0 blocks for its dot products);
 - **decode at batch 1**: ``STEPS`` greedy steps after a ``PROMPT_TOKENS``-token prompt, each
   token fed back: ours on the fastest path (``torch.compile`` max-autotune with inductor's
   freezing, :func:`tinyserve.roofline.compile_settings`, the same compiled decoder as
-  :func:`tinyserve.roofline.compiled_step_seconds`), ours eager, our fbgemm int8, llama.cpp
-  f32 and q8_0 (``llama_decode`` on one token through the low-level API: the high-level
-  ``Llama.eval`` keeps Python bookkeeping per call, so it is not used for timing);
+  :func:`tinyserve.roofline.compiled_step_seconds`), ours eager, our group-wise int8 on the
+  same compiled path (its linears one fused reduction over int8 weights:
+  :func:`tinyserve.quant.grouped_matvec`), our per-row fbgemm int8 (eager), llama.cpp f32 and
+  q8_0 (``llama_decode`` on one token through the low-level API: the high-level ``Llama.eval``
+  keeps Python bookkeeping per call, so it is not used for timing);
 - **prefill**: a ``PREFILL_TOKENS``-token prompt into an empty cache, logits of the last
-  position only on both sides: ours fp32 and int8 (eager: the loops' prefill), llama.cpp f32
-  and q8_0 (one ``llama_decode`` of the whole prompt, ``n_batch`` holding it).
+  position only on both sides: ours fp32, group-wise int8 and per-row fbgemm int8 (eager: the
+  loops' prefill), llama.cpp f32 and q8_0 (one ``llama_decode`` of the whole prompt,
+  ``n_batch`` holding it).
 
 Every figure is taken in turns (:func:`bench.common.in_turns`: each round runs every one once,
 the first rotating), so a busy spell hits all alike; a ratio is the median over rounds of the
@@ -39,7 +44,8 @@ same-round pairs. Ratios, ours / llama.cpp's (below 1: ours faster, or for the a
 above 1: ours closer to fp32): ``scale_fast_vs_llamacpp_f32_decode``,
 ``scale_int8_vs_llamacpp_q8_decode``, ``scale_int8_agreement_vs_llamacpp_q8`` (leading greedy
 tokens kept, ours / theirs), ``scale_prefill_vs_llamacpp_f32``; the goals are issue 37's, in
-:mod:`bench.headlines`.
+:mod:`bench.headlines`. "int8" there is the group-wise model; the per-row fbgemm model's
+figures are beside them with ``int8_rowwise`` in the name, and no goal.
 
 Not in ``bench all`` (it needs ``make peers``). ``--quick`` runs a one-layer scale model with
 two rounds and the compiled path only traced: its figures mean nothing.
@@ -68,6 +74,7 @@ PROMPT_TOKENS = 64                 # the decode comparison's prompt (as in bench
 STEPS = 16                         # greedy decode steps per timed run
 PREFILL_TOKENS = 128
 CHECK_TOKENS = 16                  # greedy tokens compared per prompt
+GROUP_SIZE = 32                    # our int8's weights per scale: q8_0's block
 AGREE_PROMPTS = 8
 AGREE_PROMPT_TOKENS = 32
 ROUNDS, QUICK_ROUNDS = 15, 2
@@ -161,22 +168,25 @@ def median_pair_ratio(numerator: Sequence[float], denominator: Sequence[float]) 
 def compute_ratios(decode: dict[str, list[float]], prefill: dict[str, list[float]],
                    agreed: dict[str, int]) -> dict[str, float]:
     """The suite's ratios, ours / llama.cpp's, from the per-round seconds (by path) and the
-    leading tokens each 8-bit model kept of our fp32 model's. The agreement ratio is left out
-    when llama.cpp's q8_0 kept none (nothing to divide by; the counts are in the report)."""
+    leading tokens each 8-bit model kept of our fp32 model's ("int8": group-wise, on the fast
+    path for decode; "int8_rowwise": per-row fbgemm). An agreement ratio is left out when
+    llama.cpp's q8_0 kept none (nothing to divide by; the counts are in the report)."""
     ratios = {
         "scale_fast_vs_llamacpp_f32_decode": median_pair_ratio(decode["fast"],
                                                                decode["llamacpp_f32"]),
         "scale_eager_vs_llamacpp_f32_decode": median_pair_ratio(decode["eager"],
                                                                 decode["llamacpp_f32"]),
-        "scale_int8_vs_llamacpp_q8_decode": median_pair_ratio(decode["int8"],
-                                                              decode["llamacpp_q8_0"]),
         "scale_prefill_vs_llamacpp_f32": median_pair_ratio(prefill["fp32"],
                                                            prefill["llamacpp_f32"]),
-        "scale_int8_prefill_vs_llamacpp_q8": median_pair_ratio(prefill["int8"],
-                                                               prefill["llamacpp_q8_0"]),
     }
-    if agreed["llamacpp_q8_0"] > 0:
-        ratios["scale_int8_agreement_vs_llamacpp_q8"] = agreed["int8"] / agreed["llamacpp_q8_0"]
+    for ours in ("int8", "int8_rowwise"):
+        ratios[f"scale_{ours}_vs_llamacpp_q8_decode"] = median_pair_ratio(
+            decode[ours], decode["llamacpp_q8_0"])
+        ratios[f"scale_{ours}_prefill_vs_llamacpp_q8"] = median_pair_ratio(
+            prefill[ours], prefill["llamacpp_q8_0"])
+        if agreed["llamacpp_q8_0"] > 0:
+            ratios[f"scale_{ours}_agreement_vs_llamacpp_q8"] = (agreed[ours]
+                                                                / agreed["llamacpp_q8_0"])
     return ratios
 
 
@@ -187,10 +197,28 @@ class Peer:
 
     def __init__(self, path: str) -> None:
         import llama_cpp
+        import llama_cpp.llama_cpp as capi
         self.lib = llama_cpp
-        self.llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX, n_ubatch=N_CTX,
-                                   n_threads=1, n_threads_batch=1, logits_all=False,
-                                   n_gpu_layers=0, use_mmap=False, verbose=False)
+        # Extra buffer types off (llama.cpp's --no-extra-bufts; Llama() has no argument for
+        # it, so the defaults it starts from are patched while it loads): on a CPU with AMX
+        # they put q8_0 weights in an AMX buffer, and on this course's 2-core Sapphire Rapids
+        # host the first q8_0 step then crashed in ggml_backend_amx_mul_mat (a general
+        # protection fault, f32 unaffected; ggml-org/llama.cpp issue 20824, open). Without
+        # them q8_0 runs ggml's CPU dot product (AVX512-VNNI where the CPU has it).
+        defaults = capi.llama_model_default_params
+
+        def without_extra_buffers() -> Any:
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+        capi.llama_model_default_params = without_extra_buffers
+        try:
+            self.llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX,
+                                       n_ubatch=N_CTX, n_threads=1, n_threads_batch=1,
+                                       logits_all=False, n_gpu_layers=0, use_mmap=False,
+                                       verbose=False)
+        finally:
+            capi.llama_model_default_params = defaults
         self.ctx = self.llm.ctx
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.n_vocab = self.llm.n_vocab()
@@ -343,16 +371,18 @@ def our_greedy(model: Any, prompt: Sequence[int], n: int) -> list[int]:
     return list(generate(model, list(prompt), n).tokens)[:n]
 
 
-def check_tokens(model: Any, int8: Any, peer: Worker, quick: bool) -> dict[str, Any]:
+def check_tokens(model: Any, int8: dict[str, Any], peer: Worker, quick: bool) -> dict[str, Any]:
     """The f32 check on the fixed prompt (it must hold before anything is timed), then each
-    8-bit model's leading greedy tokens kept of our fp32 model's over AGREE_PROMPTS prompts."""
+    8-bit model's leading greedy tokens kept of our fp32 model's over AGREE_PROMPTS prompts
+    (``int8``: our int8 models by path name, run by the plain loop)."""
     vocab = model.config.vocab_size
     count = 2 if quick else AGREE_PROMPTS
-    runs: dict[str, list[list[int]]] = {"fp32": [], "int8": [], "llamacpp_f32": [],
-                                        "llamacpp_q8_0": []}
+    runs: dict[str, list[list[int]]] = {"fp32": [], **{name: [] for name in int8},
+                                        "llamacpp_f32": [], "llamacpp_q8_0": []}
     for prompt in prompts(vocab, count, AGREE_PROMPT_TOKENS, seed=3):
         runs["fp32"].append(our_greedy(model, prompt, CHECK_TOKENS))
-        runs["int8"].append(our_greedy(int8, prompt, CHECK_TOKENS))
+        for name, m in int8.items():
+            runs[name].append(our_greedy(m, prompt, CHECK_TOKENS))
         for kind in GGUF_TYPES:
             runs[f"llamacpp_{kind}"].append(peer.ask(op="greedy", name=kind, prompt=prompt,
                                                      n=CHECK_TOKENS))
@@ -362,9 +392,12 @@ def check_tokens(model: Any, int8: Any, peer: Worker, quick: bool) -> dict[str, 
             "possible": count * CHECK_TOKENS, "leading_tokens_kept": agreed, "tokens": runs}
 
 
-def our_decoders(model: Any, int8: Any, prompt: Any, fast: dict[str, Any]) -> dict[str, Any]:
+def our_decoders(model: Any, int8: dict[str, Any], prompt: Any,
+                 fast: dict[str, Any]) -> dict[str, Any]:
     """Callables that each run STEPS greedy steps after ``prompt`` (1, T) and return seconds
-    per step: the fastest compiled path, eager fp32, eager fbgemm int8."""
+    per step: the fastest compiled path for fp32 ("fast") and for the group-wise int8 model
+    ("int8"), eager fp32 and eager per-row fbgemm int8 ("int8_rowwise"); and each compile's
+    seconds."""
     import torch
 
     from tinyserve.backends.compiled import compiled_decoder
@@ -374,13 +407,6 @@ def our_decoders(model: Any, int8: Any, prompt: Any, fast: dict[str, Any]) -> di
     from tinyserve.roofline import compile_settings
 
     T = prompt.shape[1]
-    with compile_settings(fast["freezing"]):
-        decoder = compiled_decoder(model, 1, mode=fast["mode"], backend=fast["backend"],
-                                   tokens=T + STEPS)
-        first = decoder.prefill(prompt)[:, -1].argmax(-1)
-        start = clock(model.device)
-        decoder.step(first, torch.full_like(first, T))          # compiles
-        compile_s = clock(model.device) - start
 
     def stepped(step: Any, first: Any, reset: Any) -> Any:
         @torch.no_grad()
@@ -394,6 +420,16 @@ def our_decoders(model: Any, int8: Any, prompt: Any, fast: dict[str, Any]) -> di
             return (clock(model.device) - start) / STEPS
         return run
 
+    def compiled(m: Any) -> tuple[Any, float]:
+        with compile_settings(fast["freezing"]):
+            decoder = compiled_decoder(m, 1, mode=fast["mode"], backend=fast["backend"],
+                                       tokens=T + STEPS)
+            first = decoder.prefill(prompt)[:, -1].argmax(-1)
+            start = clock(m.device)
+            decoder.step(first, torch.full_like(first, T))          # compiles
+            compile_s = clock(m.device) - start
+        return stepped(decoder.step, first, lambda: None), compile_s
+
     def eager(m: Any) -> Any:
         cache = KVCache.for_model(m, 1, T + STEPS)
         with torch.no_grad():
@@ -401,12 +437,13 @@ def our_decoders(model: Any, int8: Any, prompt: Any, fast: dict[str, Any]) -> di
         return stepped(lambda tokens, _pos: decode_step(m, tokens, None, cache), first,
                        lambda: cache.rewind([T]))
 
-    fns = {"fast": stepped(decoder.step, first, lambda: None), "eager": eager(model),
-           "int8": eager(int8)}
-    return {"fns": fns, "compile_s": compile_s}
+    (fast_fn, fast_s), (int8_fn, int8_s) = compiled(model), compiled(int8["int8"])
+    fns = {"fast": fast_fn, "eager": eager(model), "int8": int8_fn,
+           "int8_rowwise": eager(int8["int8_rowwise"])}
+    return {"fns": fns, "compile_s": {"fast": fast_s, "int8": int8_s}}
 
 
-def our_prefills(model: Any, int8: Any, ids: Any) -> dict[str, Any]:
+def our_prefills(model: Any, int8: dict[str, Any], ids: Any) -> dict[str, Any]:
     """Callables that each prefill ``ids`` (1, T) into an empty cache, last logits only."""
     import torch
 
@@ -425,7 +462,7 @@ def our_prefills(model: Any, int8: Any, ids: Any) -> dict[str, Any]:
             prefill(m, ids, cache, logits_at=last)
             return clock(m.device) - start
         return run
-    return {"fp32": timed(model), "int8": timed(int8)}
+    return {"fp32": timed(model), **{name: timed(m) for name, m in int8.items()}}
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -438,7 +475,8 @@ def fastest_path(quick: bool) -> dict[str, Any]:
     return {"backend": "inductor", "mode": "max-autotune", "freezing": True}
 
 
-def timed_in_turns(model: Any, int8: Any, peer: Worker, quick: bool) -> dict[str, Any]:
+def timed_in_turns(model: Any, int8: dict[str, Any], peer: Worker,
+                   quick: bool) -> dict[str, Any]:
     """Decode and prefill, ours and llama.cpp's, every path once a round (in_turns)."""
     import torch
 
@@ -461,7 +499,7 @@ def timed_in_turns(model: Any, int8: Any, peer: Worker, quick: bool) -> dict[str
           flush=True)
     prefill = in_turns(prefill_fns, rounds)
     return {"decode_s": decode, "prefill_s": prefill, "rounds": rounds, "fastest_path": fast,
-            "compile_s": round(ours["compile_s"], 1),
+            "compile_s": {k: round(v, 1) for k, v in ours["compile_s"].items()},
             "roofline_timers_s": roofline_cross_check(model, torch.tensor([decode_prompt]), fast)}
 
 
@@ -505,8 +543,9 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
     if kept["int8"] < kept["llamacpp_q8_0"]:
         notes["scale_int8_agreement_vs_llamacpp_q8"] = (
             f"missed: of {m['tokens']['possible']} greedy tokens of our fp32 model, our int8 "
-            f"(per-row W8A8, fbgemm) kept {kept['int8']} leading ones, llama.cpp q8_0 (a scale "
-            f"per 32 weights) {kept['llamacpp_q8_0']}")
+            f"(a scale per {GROUP_SIZE} weights, weight-only) kept {kept['int8']} leading ones, "
+            f"llama.cpp q8_0 (a scale per 32 weights, activations in q8_0 blocks) "
+            f"{kept['llamacpp_q8_0']}; our per-row fbgemm W8A8 {kept['int8_rowwise']}")
     if load and max(load) > 0.5:
         notes["load"] = (f"not a quiet machine: the 1-minute load average was {load[0]} before "
                          f"and {load[-1]} after (other work shared its cores). Every path was "
@@ -515,15 +554,17 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
     return notes
 
 
-def load_model_for(quick: bool) -> tuple[Any, Any]:
-    """The scale model in fp32 (one layer with ``quick``) and its fbgemm int8 copy."""
+def load_model_for(quick: bool) -> tuple[Any, dict[str, Any]]:
+    """The scale model in fp32 (one layer with ``quick``) and its int8 copies by path name:
+    "int8", a scale per GROUP_SIZE weights; "int8_rowwise", per-row fbgemm W8A8."""
     import torch
 
     from tinyserve import load_model
     from tinyserve.quant import quantize_model
     model = load_model("bandwidth", device="cpu", dtype=torch.float32,
                        layers=1 if quick else None)
-    return model, quantize_model(model, kernel="fbgemm")
+    return model, {"int8": quantize_model(model, group_size=GROUP_SIZE),
+                   "int8_rowwise": quantize_model(model, kernel="fbgemm")}
 
 
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
@@ -555,7 +596,8 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     measurements = {"tokens": tokens, **timed, "gguf": files,
                     "llamacpp": {"llama_cpp_python": loaded["f32"]["version"],
                                  "system_info": loaded["f32"]["system_info"],
-                                 "api": "llama_decode on llama_batch_get_one (low level)"}}
+                                 "api": "llama_decode on llama_batch_get_one (low level)",
+                                 "extra_buffer_types": "off (AMX q8_0 crashed on this host: Peer)"}}
     conditions = {"model": f"bandwidth (seeded random, hidden {cfg.hidden_size}, MLP "
                            f"{cfg.intermediate_size}, {cfg.num_hidden_layers} layers)",
                   "threads": "1 each (torch: set_num_threads(1); llama.cpp: n_threads=1)",

@@ -216,8 +216,9 @@ def _inductor_default(folder: str) -> bool:
 
 
 def _weights_version(model: TinyLlama) -> int:
-    """Changes whenever a parameter is changed in place (its version counter)."""
-    return sum(p._version for p in model.parameters())
+    """Changes whenever a weight is changed in place (its version counter): parameters, and
+    buffers, where an int8 model keeps its weights and scales (:mod:`tinyserve.quant`)."""
+    return sum(t._version for t in (*model.parameters(), *model.buffers()))
 
 
 def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
