@@ -203,7 +203,7 @@ class Peer:
         # it, so the defaults it starts from are patched while it loads): on a CPU with AMX
         # they put q8_0 weights in an AMX buffer, and on the course's 2-core Xeon with AMX
         # (2026-12-03) the first q8_0 step then crashed in ggml_backend_amx_mul_mat (a general
-        # protection fault, f32 unaffected; ggml-org/llama.cpp issue 20824, closed as stale). Without
+        # protection fault, f32 unaffected; as in ggml-org/llama.cpp issue 20824). Without
         # them q8_0 runs ggml's CPU dot product (AVX512-VNNI where the CPU has it).
         defaults = capi.llama_model_default_params
 
