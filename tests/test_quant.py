@@ -106,11 +106,14 @@ def test_the_fused_grouped_matvec_equals_dequantize_then_matmul(rows) -> None:
     x = torch.randn(*rows, 64, generator=g)
     want = F.linear(x, dequantize_groups(q, s))
     torch.testing.assert_close(grouped_matvec(x, q, s), want, rtol=1e-5, atol=1e-5)
+    q, s = quantize_rows(torch.randn(40, 64, generator=g))      # a scale per row: one group
+    torch.testing.assert_close(grouped_matvec(x, q, s), F.linear(x, dequantize_rows(q, s)),
+                               rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------ int8 linear layers
 
-@pytest.mark.parametrize("kernel", ["scale_after", "int8pack", "compiled", "auto"])
+@pytest.mark.parametrize("kernel", ["scale_after", "int8pack", "compiled", "grouped", "auto"])
 @pytest.mark.parametrize("batch_shape", [(1,), (3, 5)])
 def test_every_kernel_equals_the_dequantize_then_matmul_reference(kernel, batch_shape) -> None:
     g = torch.Generator().manual_seed(2)

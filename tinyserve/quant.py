@@ -99,10 +99,10 @@ KERNELS = ("reference", "scale_after", "int8pack", "fbgemm", "compiled", "groupe
 GROUP_KERNELS = ("reference", "grouped", "auto")
 #: Inside a compiled step, :func:`grouped_matvec` multiplies inputs of at most this many rows
 #: (decode steps, verify passes). More rows dequantize and call the GEMM: the reduction's work
-#: grows with the rows (each converts and multiplies every weight again). With freezing (the fast path on a CPU) that
-#: dequantization of a constant is folded at compile time, so such a step holds a float copy
-#: of the weights (measured on a one-layer model: every projection frozen in fp32; only the
-#: embedding table, which a lookup reads, stayed int8).
+#: grows with the rows (each converts and multiplies every weight again). With freezing (the
+#: fast path on a CPU) that dequantization of a constant is folded at compile time, so such a
+#: step holds a float copy of the weights (measured on a one-layer model: every projection
+#: frozen in fp32; only the embedding table, which a lookup reads, stayed int8).
 FUSED_ROWS = 8
 KERNEL_NOTES = {
     "reference": "dequantize the weight, then F.linear (the plain definition)",
@@ -391,14 +391,17 @@ def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
     Inductor fuses it into one reduction per output that loads int8, converts, multiplies by
     the input and the group's scale and accumulates, so a step reads 1 byte a weight (plus a
     4-byte scale per group) and never writes a float copy. Eagerly it materialises the
-    products: :class:`Int8Linear` uses it only inside a compile."""
+    products: :class:`Int8Linear` uses it only inside a compile. One scale per row (``scale``
+    of shape (out,)) is one group per row."""
     out_features, in_features = qweight.shape
+    scale = scale.reshape(out_features, -1)
     groups = scale.shape[-1]
     xg = x.reshape(1, -1, groups, in_features // groups)
     wg = qweight.reshape(out_features, 1, groups, -1)
     # (out, rows), then transposed: inductor's loops follow the output's dimensions, so with
     # the outputs outermost each weight row is loaded once and reused from L1 for every input
-    # row; (rows, out) would stream the whole matrix once per row (both read in its code).
+    # row; (rows, out) would stream the whole matrix once per row (both seen in the code
+    # inductor generates for 4 rows).
     out = (xg * wg * scale.to(x.dtype)[:, None, :, None]).sum((-2, -1)).T
     return out.reshape(*x.shape[:-1], out_features)
 
