@@ -59,7 +59,8 @@ group quantized as a row is above, with a scale of its own. llama.cpp's q8_0 doe
 scale per row it coarsens all ``in_features`` weights of that output: on the scale model's
 random weights the per-row W8A8 of ``fbgemm`` lost leading greedy tokens that q8_0 kept
 (``bench llamacpp``). It costs 4 bytes per group (1/8 byte a weight at 32), and
-PyTorch has no CPU kernel for it: the ``grouped`` kernel dequantizes and calls the GEMM
+PyTorch's int8 CPU kernels take one scale per output (``_weight_int8pack_mm``, fbgemm's
+per-channel weights), none per group: the ``grouped`` kernel dequantizes and calls the GEMM
 eagerly, and inside a compiled step of a few rows (the fast path's decode step and verify
 passes, :data:`FUSED_ROWS`) writes the product as one multiply-and-sum
 (:func:`grouped_matvec`) that inductor turns into a reduction reading the int8 weights
