@@ -127,7 +127,8 @@ _ENGINE_RUNS = "bench/suites/_engine_runs.py"
 #: What bench scale times: the suite, the scale model and the code each of its figures runs.
 #: (Issue 37 item 5 added the fast path's modules and the engine it runs in.)
 _SCALE_SOURCES = tuple(dict.fromkeys((
-    "bench/suites/scale.py", "bench/suites/_prepare_repeat.py", "tinyserve/scale.py",
+    "bench/suites/scale.py", "bench/suites/_prepare_repeat.py", "bench/suites/_loops_step.py",
+    "tinyserve/scale.py",
     "tinyserve/roofline.py",
     "tinyserve/backends/compiled.py", "tinyserve/backends/static.py", "tinyserve/quant.py",
     "tinyserve/speculative.py", "tinyserve/draft_replay.py", "tinyserve/parallel",

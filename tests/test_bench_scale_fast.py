@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bench.suites import _prepare_repeat, scale
+from bench.suites import _loops_step, _prepare_repeat, scale
 from tinyserve.backends import fast
 
 
@@ -36,12 +36,17 @@ def measurements(**parts: dict) -> dict:
          "speculative": {**spec, "measured_speedup": 1.1},          # the eager run
          "speculative_fast": spec,
          "engine_fast": {"throughput_4_vs_1": 2.5, "one_tokens_per_s": 20.0,
-                         "four_tokens_per_s": 50.0, "mbu_b1": {"mbu": 0.6, "bytes": 10**8,
-                                                               "memory_bound_ms": 2.5},
+                         "four_tokens_per_s": 50.0,
+                         "mbu_b1": {"mbu": 0.6, "bytes": 10**8, "memory_bound_ms": 2.5,
+                                    "mbu_rounds": [0.5, 0.6, 0.7], "probe_gb_per_s": 40.0,
+                                    "decode_step_ms": 4.0},
                          "steps": {"1": {"decode_step_ms": 4.0, "decode_steps": 31,
                                          "other_steps_s": 0.01, "step_s": 0.14},
                                    "4": {"decode_step_ms": 5.0, "decode_steps": 31,
                                          "other_steps_s": 0.04, "step_s": 0.2}}},
+         "loops_step": _loops_step.paired_figures(
+             {"fast_1": [2e-3, 4e-3, 2e-3], "fast_4": [3.4e-3, 6.8e-3, 3.2e-3],
+              "eager_1": [4e-3, 8e-3, 4e-3], "probe": [40e9, 20e9, 40e9]}, 6 * 10**7),
          "tensor_parallel": {"skipped": "one core"},
          "prepare_repeat": {"first_s": 60.0, "second_s": 20.0, "trace_s": 6.0}}
     m.update(parts)
@@ -56,6 +61,43 @@ def test_the_fast_parts_give_their_ratios_and_the_spec_ratios_read_the_fast_run(
     assert ratios["scale_engine_throughput_4_vs_1"] == 2.5
     assert ratios["scale_prepare_repeat_s"] == 20.0                 # the second process's
     assert "scale_tp2_decode_speedup" not in ratios and "scale_int8_decode_speedup" not in ratios
+
+
+def test_the_loops_step_ratios_compare_each_round_with_its_own_probe() -> None:
+    """A round where the machine was busy (the probe and the step both twice as slow) gives
+    the same MBU as a quiet one: 60 MB at 40 GB/s in 2 ms, at 20 GB/s in 4 ms, both 0.75;
+    against the best probe (40) and the median step (2 ms) it would be 0.75 too, but against
+    the best probe and a busy round's step alone 0.375."""
+    ratios = scale.scale_ratios(measurements())
+    assert ratios["scale_decode_mbu_b1"] == pytest.approx(0.75)
+    assert ratios["scale_step_rows4_vs_rows1"] == pytest.approx(1.7)   # 1.7, 1.7, 1.6
+    p = measurements()["loops_step"]
+    assert p["mbu_fast_rounds"] == pytest.approx([0.75, 0.75, 0.75])
+    assert p["mbu_eager"] == pytest.approx(0.375)
+    assert p["probe_gb_per_s"] == {"median": 40.0, "min": 20.0, "max": 40.0}
+
+
+def test_the_loops_step_is_timed_in_turns_with_the_probe(monkeypatch) -> None:
+    """loops_step_in_turns calls the fast steps, the eager step and the probe once a round,
+    after one untimed round, on the quick model (the fast path only traced)."""
+    import torch
+
+    from tinyserve.model import TinyLlama
+    calls = []
+    monkeypatch.setattr(_loops_step, "read_bandwidth",
+                        lambda device, nbytes, repeats: calls.append(nbytes) or
+                        type("R", (), {"best": 1e10})())
+    torch.manual_seed(0)
+    model = TinyLlama(scale.QUICK_CONFIG).eval()
+    with scale.fast_recipe(quick=True):
+        out = _loops_step.loops_step_in_turns(model, scale._prompts(model, 4, 8), 4, 2,
+                                              probe_bytes=2**20)
+    scale.forget_compiled(model)
+    assert calls == [2**20] * 3                                       # warm-up + 2 rounds
+    assert {k: len(v) for k, v in out["rounds"].items()} == {
+        "fast_1": 2, "fast_4": 2, "eager_1": 2, "probe": 2}
+    assert out["context"] == 8 + 2 and out["bytes"] > 0
+    assert len(out["mbu_fast_rounds"]) == 2 and out["mbu_fast"] > 0
 
 
 def test_a_skipped_fast_part_gives_no_ratio() -> None:
@@ -74,6 +116,10 @@ def test_each_missed_fast_goal_has_a_note_naming_the_measurements_beside_it() ->
     assert "(1.30x)" in notes["scale_spec_measured_vs_predicted"]         # verify / step
     assert "4.00 ms a token" in notes["scale_spec_measured_vs_predicted"]  # plain, as run
     assert "4.00 ms" in notes["scale_engine_mbu_b1"]
+    assert "0.50 to 0.70" in notes["scale_engine_mbu_b1"]                 # its rounds
+    assert "took 2.0 ms" in notes["scale_decode_mbu_b1"]                  # the median fast step
+    assert "(its rounds 20.0 to 40.0)" in notes["scale_decode_mbu_b1"]    # the probe's
+    assert "(per round: 1.60 to 1.70)" in notes["scale_step_rows4_vs_rows1"]
     assert "1.25x" in notes["scale_engine_throughput_4_vs_1"]             # 4-row / 1-row step
     assert "FX graph cache is bypassed" in notes["scale_prepare_repeat_s"]
     assert "14.0 s of it is beyond the trace" in notes["scale_prepare_repeat_s"]

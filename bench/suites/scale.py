@@ -18,6 +18,9 @@ What one run measures, in this order:
   with each bucket's compile time;
 - a (k+1) = 5-token verify pass against a one-token step, eager (what speculative decoding
   runs) and compiled;
+- the loops' decode step (the fast path, what ``generate_batch(..., fast=True)`` runs) at 1
+  and 4 rows and the eager batch-1 step, each round in turns with the read probe
+  (:mod:`._loops_step`): the step's MBU against the probe of its own round;
 - int8 weights through fbgemm's kernel (``quantize_model(model, kernel="fbgemm")``) against
   fp32, batch 1, eager both;
 - a cached step against recomputing the whole 512-token context, and a 512-token prefill;
@@ -38,12 +41,13 @@ What one run measures, in this order:
   only traces it: what a learner waits the second time.
 
 Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issues 30 and 37):
-``scale_decode_mbu_b1`` (bytes of a batch-1 step / best read bandwidth / step time, fastest
-path), ``scale_step_rows4_vs_rows1``, ``scale_knee_measured_vs_predicted`` (rows where a step
+``scale_decode_mbu_b1`` (bytes of the loops' batch-1 fast step / the read probe's rate /
+the step's time, per round, the median of rounds), ``scale_step_rows4_vs_rows1`` (the loops'
+4-row fast step / its 1-row step, per round, the median), ``scale_knee_measured_vs_predicted`` (rows where a step
 first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
 ``scale_verify_k4_vs_step``, ``scale_spec_speedup_fast`` (fast speculative over fast plain
 decoding), ``scale_spec_measured_vs_predicted`` (of that fast run), ``scale_engine_mbu_b1``
-(the engine's median batch-1 decode step against the same bandwidth reference as
+(the engine's batch-1 decode step, each round's run against that round's probe, as
 ``scale_decode_mbu_b1``), ``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
 ``scale_tp2_vs_bandwidth_bound`` (TP speed-up / two-process read-bandwidth gain),
 ``scale_cache_speedup_512``, ``scale_prefill_tokens_per_step``, ``scale_prepare_repeat_s``
@@ -51,8 +55,9 @@ decoding), ``scale_spec_measured_vs_predicted`` (of that fast run), ``scale_engi
 measurements beside it show.
 
 Every time is the fastest of several runs (other processes only slow a run down), except
-the engine's decode step: the median of one recorded run's steps. One torch thread per
-process. ``--quick`` runs the same code on tiny random models and only traces the
+the MBUs and the loops' 4 rows against 1: there each round's figures are compared with each
+other and the median over rounds is quoted (:mod:`._loops_step` says why). One torch thread
+per process. ``--quick`` runs the same code on tiny random models and only traces the
 compiled paths (the fast path's recipe set to trace, as the tests do): its figures mean
 nothing and the report says so.
 """
@@ -63,6 +68,7 @@ import contextlib
 import functools
 import gc
 import math
+import statistics
 from typing import Any
 
 import torch
@@ -79,8 +85,10 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
+from ._loops_step import loops_step_in_turns
 from ._prepare_repeat import prepare_repeat
-from ..common import QUICK_CONFIG, cold_compiles, interleaved_seconds, report, table, write_json
+from ..common import (QUICK_CONFIG, clock, cold_compiles, in_turns, interleaved_seconds,
+                      report, table, write_json)
 
 #: Cores a run keeps busy (its tensor-parallel part runs two ranks): the load average after
 #: it is judged less these.
@@ -92,6 +100,9 @@ K = 4                 # draft tokens per speculative step (the issue's k)
 #: target/draft pair measures at k = 4 (bench spec's ``spec_acceptance_k4``, 0.85 on
 #: 2026-12-01). The run measures the acceptance it actually got and predicts from that.
 SPEC_ACCEPTANCE = 0.8
+#: Rounds of the loops' step in turns with the read probe (:mod:`._loops_step`): ~20 s each
+#: on the scale model on two cores.
+LOOPS_ROUNDS = 9
 LONG_CONTEXT = 512    # the cached-vs-recompute and prefill comparisons
 QUICK_DRAFT = ModelConfig(vocab_size=128, hidden_size=16, intermediate_size=32,
                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
@@ -448,9 +459,10 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
     pure-decode steps on static buffers, compiled with the fast recipe on a CPU, CUDA graphs
     on CUDA), the shapes of 1 and 4 rows prepared first (no compile timed) and one untimed
     round: the whole run of 1 request and of 4 at once (same prompt length and
-    ``max_tokens``), fastest of ``rounds`` taken in turns; then one recorded run of each,
-    whose pure-decode steps' median seconds are the engine's step at that many rows."""
-    import statistics
+    ``max_tokens``) and the read probe, taken in turns for ``rounds`` rounds (the fastest
+    run of each kept; each run's median pure-decode step and each round's probe rate, for
+    the MBU per round: see :mod:`._loops_step`); then one recorded run of each, whose
+    steps say how much of a run was not pure decode."""
     from tinyserve.engine import Engine, EngineConfig
     prompt_len, new = (8, 8) if quick else (ENGINE_PROMPT, ENGINE_NEW)
     engine = Engine(model, EngineConfig(max_num_seqs=4, enable_prefix_caching=False,
@@ -463,27 +475,54 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
             engine.add_request(_prompts(model, 1, prompt_len, seed=next(seeds))[0].tolist(),
                                new)
         engine.run()
-    runs = interleaved_seconds({"one": functools.partial(serve, 1),
-                                "four": functools.partial(serve, 4)}, model.device, rounds)
+
+    def decode_ms(n: int) -> list[float]:
+        return [1e3 * r.seconds for r in engine.step_log if r.num_rows == r.num_tokens == n]
+
+    def run(n: int) -> tuple[float, float]:
+        engine.step_log.clear()
+        start = clock(model.device)
+        serve(n)
+        return clock(model.device) - start, statistics.median(decode_ms(n))
+    probe = functools.partial(read_bandwidth, model.device, (16 if quick else 512) * 2**20, 2)
+    runs = in_turns({"one": functools.partial(run, 1), "four": functools.partial(run, 4),
+                     "probe": lambda: probe().best}, rounds)
     steps = {}
     for n in (1, 4):
         engine.step_log.clear()
         serve(n)
         log = engine.step_log
-        decode = [r.seconds for r in log if r.num_rows == r.num_tokens == n]
-        steps[str(n)] = {"decode_step_ms": 1e3 * statistics.median(decode),
-                    "decode_steps": len(decode), "steps": len(log),
-                    "other_steps_s": sum(r.seconds for r in log
-                                         if not r.num_rows == r.num_tokens == n),
-                    "step_s": sum(r.seconds for r in log)}
-    one_s, four_s = min(runs["one"]), min(runs["four"])
+        steps[str(n)] = {"decode_step_ms": statistics.median(decode_ms(n)),
+                         "decode_steps": len(decode_ms(n)), "steps": len(log),
+                         "other_steps_s": sum(r.seconds for r in log
+                                              if not r.num_rows == r.num_tokens == n),
+                         "step_s": sum(r.seconds for r in log)}
+    one_s, four_s = min(s for s, _ in runs["one"]), min(s for s, _ in runs["four"])
     del engine
     forget_compiled(model)
     return {"prompt_tokens": prompt_len, "new_tokens": new, "context": prompt_len + new // 2,
             "one_run_s": one_s, "four_run_s": four_s,
             "one_tokens_per_s": new / one_s, "four_tokens_per_s": 4 * new / four_s,
             "throughput_4_vs_1": 4 * one_s / four_s, "steps": steps,
+            "rounds": {"one_decode_step_ms": [ms for _, ms in runs["one"]],
+                       "four_decode_step_ms": [ms for _, ms in runs["four"]],
+                       "probe_gb_per_s": [r / 1e9 for r in runs["probe"]]},
             "prepare_s": {c.label: c.seconds for c in prepared}}
+
+
+def engine_mbu(model: TinyLlama, e: dict[str, Any]) -> dict[str, Any]:
+    """The engine's batch-1 decode step against the bytes a step reads at the run's mean
+    context, per round: each round's run's median pure-decode step against that round's
+    probe (:func:`engine_fast`), the median over rounds quoted, as ``scale_decode_mbu_b1``
+    is for the loops' step."""
+    cost = decode_cost(model, 1, e["context"])
+    r = e["rounds"]
+    per_round = [mbu(cost, bw * 1e9, ms / 1e3)
+                 for ms, bw in zip(r["one_decode_step_ms"], r["probe_gb_per_s"], strict=True)]
+    bw = statistics.median(r["probe_gb_per_s"])
+    return {"bytes": cost.bytes, "mbu": statistics.median(per_round), "mbu_rounds": per_round,
+            "probe_gb_per_s": bw, "decode_step_ms": statistics.median(r["one_decode_step_ms"]),
+            "memory_bound_ms": 1e3 * cost.bytes / (bw * 1e9)}
 
 
 # --- the suite ----------------------------------------------------------------------------
@@ -551,11 +590,15 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
     m["long_context"] = {"tokens": long_n, **long_context(model, long_n, 2 if quick else 5)}
     m["speculative"] = _part(speculative_at_scale, model, quick, 2 if quick else 3)
     with fast_recipe(quick):
+        m["loops_step"] = loops_step_in_turns(model, _prompts(model, 4, prompt_len), n,
+                                              2 if quick else LOOPS_ROUNDS,
+                                              (16 if quick else 512) * 2**20)
+        forget_compiled(model)
         m["speculative_fast"] = _part(speculative_at_scale, model, quick, 2 if quick else 3,
                                       True)
         m["engine_fast"] = _part(engine_fast, model, quick, 1 if quick else 3)
     if "skipped" not in m["engine_fast"]:
-        m["engine_fast"]["mbu_b1"] = engine_mbu(model, m["engine_fast"], m["bandwidth_gb_per_s"])
+        m["engine_fast"]["mbu_b1"] = engine_mbu(model, m["engine_fast"])
     del model
     gc.collect()
     m["tensor_parallel"] = _part(tensor_parallel, quick, 2 if quick else 5)
@@ -652,23 +695,13 @@ def roofline_figures(model: TinyLlama, sweep: list[dict[str, Any]], context: int
                  "roofline": knee_roofline}}
 
 
-def engine_mbu(model: TinyLlama, e: dict[str, Any], bandwidth_gb_per_s: float) -> dict[str, Any]:
-    """The engine's batch-1 decode step (:func:`engine_fast`'s median) against the bytes a
-    step reads at the run's mean context over the best read bandwidth: the same reference
-    as ``scale_decode_mbu_b1``."""
-    cost = decode_cost(model, 1, e["context"])
-    seconds = e["steps"]["1"]["decode_step_ms"] / 1e3
-    return {"bytes": cost.bytes, "memory_bound_ms": 1e3 * cost.bytes / (bandwidth_gb_per_s * 1e9),
-            "mbu": mbu(cost, bandwidth_gb_per_s * 1e9, seconds)}
-
-
 def scale_ratios(m: dict[str, Any]) -> dict[str, float]:
     """The report's ratios from its measurements (a part that was skipped gives none)."""
-    by_rows = {r["rows"]: r for r in m["sweep"]}
-    one, v, longc = by_rows[1], m["verify_vs_step"], m["long_context"]
+    v, longc = m["verify_vs_step"], m["long_context"]
     ratios: dict[str, float] = {
-        "scale_decode_mbu_b1": max(m["mbu_b1"].values()),
-        "scale_step_rows4_vs_rows1": by_rows[4]["fastest_ms"] / one["fastest_ms"],
+        # the loops' fast step, each round against its own probe (bench/suites/_loops_step)
+        "scale_decode_mbu_b1": m["loops_step"]["mbu_fast"],
+        "scale_step_rows4_vs_rows1": m["loops_step"]["rows4_vs_rows1"],
         # the fastest verify pass over the fastest step, whichever path each
         "scale_verify_k4_vs_step": min(v["compiled_verify_ms"], v["eager_verify_ms"])
         / min(v["compiled_step_ms"], v["eager_step_ms"]),
@@ -720,49 +753,10 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
               if (h := headline("scale", name)) is not None and h.goal is not None
               and not h.goal.met(value)}
     notes: dict[str, str] = {}
-    bw, ways = m["bandwidth_gb_per_s"], m["read_bandwidth_gb_per_s"]
+    bw = m["bandwidth_gb_per_s"]
     sweep = {r["rows"]: r for r in m["sweep"]}
     one = sweep[1]
-    if "scale_decode_mbu_b1" in missed:
-        rate = one["bytes"] / (one["fastest_ms"] / 1e3) / 1e9
-        value = ratios["scale_decode_mbu_b1"]
-        if value > 1:
-            notes["scale_decode_mbu_b1"] = (
-                f"above 1: the step read {rate:.1f} GB/s, faster than every reference way "
-                f"({', '.join(f'{w} {r:.1f}' for w, r in ways.items())} GB/s); the references "
-                f"were too slow (a busy spell during them), not the step faster than memory")
-        else:
-            others = ", ".join(f"{w} {r:.1f}" for w, r in ways.items())
-            slower = [w for w, r in ways.items() if r < rate]
-            notes["scale_decode_mbu_b1"] = (
-                f"the batch-1 step ({one['fastest_path']}, {one['fastest_ms']:.1f} ms; eager "
-                f"{one['eager_ms']:.1f}, compiled {one['compiled_ms']:.1f}) reads "
-                f"{one['bytes'] / 1e6:.0f} MB at {rate:.1f} GB/s against the ways of reading "
-                f"a buffer this size ({others} GB/s): "
-                + (f"faster than {' and '.join(slower)}, " if slower else "")
-                + f"below the best ({m['bandwidth_way']}); at the best way's rate its bytes "
-                f"would take {one['memory_bound_ms']:.1f} ms, so "
-                f"{one['fastest_ms'] - one['memory_bound_ms']:.1f} ms of the step is not "
-                f"reading at that rate: the step's other work (attention, norms, activations "
-                f"on the same thread) and its matmul kernels reading below a bare "
-                f"reduction's rate (this run does not split the two; a profile would)")
-    if "scale_step_rows4_vs_rows1" in missed:
-        four = sweep[4]
-        roof4 = max(four["memory_bound_ms"], four["compute_bound_ms"])
-        roof1 = max(one["memory_bound_ms"], one["compute_bound_ms"])
-        compute_bound = four["compute_bound_ms"] > four["memory_bound_ms"]
-        why = (f"compute-bound at the measured {m['matmul_gflop_per_s']:.0f} GFLOP/s: four "
-               f"rows' FLOPs take longer than the weights' read, so the roofline itself "
-               f"predicts more than 1.5x" if compute_bound and roof4 / roof1 > 1.5 else
-               f"{'compute' if compute_bound else 'memory'}-bound, so the extra "
-               f"{four['fastest_ms'] - max(roof4, one['fastest_ms']):.1f} ms beyond it is "
-               f"the kernel's per-row work, not the physics")
-        notes["scale_step_rows4_vs_rows1"] = (
-            f"4 rows cost {four['fastest_ms']:.1f} ms ({four['fastest_path']}) against "
-            f"{one['fastest_ms']:.1f} at 1 row; the roofline says {roof4:.1f} against "
-            f"{roof1:.1f} ms ({roof4 / roof1:.2f}x, {why}); eager costs "
-            f"{four['eager_ms'] / one['eager_ms']:.2f}x, compiled "
-            f"{four['compiled_ms'] / one['compiled_ms']:.2f}x")
+    notes.update(loops_step_notes(m, missed))
     if "scale_knee_measured_vs_predicted" in missed:
         k = m["knee"]
         notes["scale_knee_measured_vs_predicted"] = (
@@ -789,6 +783,45 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"{sweep[4]['fastest_ms'] / one['fastest_ms']:.2f}x)")
     notes.update(explain_parts(m, missed))
     return {k: v for k, v in notes.items() if v}
+
+
+def loops_step_notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
+    """:func:`explain`'s sentences for the loops' step timed in turns with the probe
+    (:mod:`._loops_step`): the decode MBU and 4 rows against 1."""
+    notes: dict[str, str] = {}
+    p, sweep = m["loops_step"], {r["rows"]: r for r in m["sweep"]}
+    ms, bw = p["median_ms"], p["probe_gb_per_s"]
+    rounds = len(p["mbu_fast_rounds"])
+    if "scale_decode_mbu_b1" in missed:
+        floor = p["bytes"] / (bw["median"] * 1e9) * 1e3
+        notes["scale_decode_mbu_b1"] = (
+            f"the loops' batch-1 step (the fast path) took {ms['fast_1']:.1f} ms (median of "
+            f"{rounds} rounds; eager {ms['eager_1']:.1f}) for {p['bytes'] / 1e6:.0f} MB, "
+            f"against the probe's {bw['median']:.1f} GB/s (its rounds {bw['min']:.1f} to "
+            f"{bw['max']:.1f}) taken in turns with it: {floor:.1f} ms at that rate, so "
+            f"{ms['fast_1'] - floor:.1f} ms of the step is not reading at the probe's rate "
+            f"(per round: {_spread(p['mbu_fast_rounds'])}; eager's MBU "
+            f"{p['mbu_eager']:.2f}): attention, norms and activations on the same thread, and "
+            f"matmul kernels reading below a long-row matvec's rate (this run does not split "
+            f"the two; a profile would)")
+    if "scale_step_rows4_vs_rows1" in missed:
+        four, one = sweep[4], sweep[1]
+        roof4 = max(four["memory_bound_ms"], four["compute_bound_ms"])
+        roof1 = max(one["memory_bound_ms"], one["compute_bound_ms"])
+        notes["scale_step_rows4_vs_rows1"] = (
+            f"on the loops' fast path 4 rows took {ms['fast_4']:.1f} ms against 1 row's "
+            f"{ms['fast_1']:.1f} (per round: {_spread(p['rows4_vs_rows1_rounds'])}); the "
+            f"roofline says {roof4:.1f} against {roof1:.1f} ms ({roof4 / roof1:.2f}x), so the "
+            f"extra time is the kernels' work per row, not the physics; in the rows sweep "
+            f"(each bucket alone, not in turns) the compiled step cost "
+            f"{four['compiled_ms'] / one['compiled_ms']:.2f}x, eager "
+            f"{four['eager_ms'] / one['eager_ms']:.2f}x")
+    return notes
+
+
+def _spread(values: list[float]) -> str:
+    """'0.81 to 0.93' for a list of per-round figures."""
+    return f"{min(values):.2f} to {max(values):.2f}"
 
 
 def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
@@ -840,16 +873,17 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
                 f"runs also catch fewer quiet moments than single passes do)")
     e = m["engine_fast"]
     if "scale_engine_mbu_b1" in missed and "mbu_b1" in e:
-        step, compiled = e["steps"]["1"]["decode_step_ms"], m["sweep"][0]["compiled_ms"]
+        b1, loops = e["mbu_b1"], m["loops_step"]["median_ms"]["fast_1"]
         notes["scale_engine_mbu_b1"] = (
-            f"the engine's batch-1 decode step took {step:.2f} ms (median of "
-            f"{e['steps']['1']['decode_steps']}) against {e['mbu_b1']['memory_bound_ms']:.2f} "
-            f"ms for its {e['mbu_b1']['bytes'] / 1e6:.0f} MB at the best read "
-            f"({m['bandwidth_gb_per_s']:.1f} GB/s, {m['bandwidth_way']}); the rows sweep's "
-            f"compiled step took {compiled:.2f} ms ({step - compiled:+.2f} ms: the engine's "
-            f"step is a compile of its own, its paged gather and its own autotuned kernel "
-            f"choices, plus the host work around it: its inputs' copy into the static "
-            f"buffers, sampling, the read-back)")
+            f"the engine's batch-1 decode step took {b1['decode_step_ms']:.2f} ms (the median "
+            f"over {len(b1['mbu_rounds'])} rounds of each run's median step; per round MBU "
+            f"{_spread(b1['mbu_rounds'])}) against {b1['memory_bound_ms']:.2f} ms for its "
+            f"{b1['bytes'] / 1e6:.0f} MB at the probe's {b1['probe_gb_per_s']:.1f} GB/s taken "
+            f"in turns with it; the loops' fast step took {loops:.2f} ms "
+            f"({b1['decode_step_ms'] - loops:+.2f} ms: the engine's step is a compile of its "
+            f"own, with its paged gather and its own autotuned kernel choices, plus the host "
+            f"work around it: its inputs' copy into the static buffers, sampling, the "
+            f"read-back)")
     if "scale_engine_throughput_4_vs_1" in missed and "steps" in e:
         one, four = e["steps"]["1"], e["steps"]["4"]
         sweep = {r["rows"]: r for r in m["sweep"]}

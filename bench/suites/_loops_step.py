@@ -1,0 +1,80 @@
+"""``bench scale``'s decode step on the loops' path, timed in turns with the read probe it is
+judged against (``scale_decode_mbu_b1``, ``scale_step_rows4_vs_rows1``).
+
+Why in turns: on a shared two-core machine the same eager step took 59 to 86 ms within one
+minute (the scale model, one thread, fastest of 3 runs of 16 steps, a new process each
+minute), and the matvec probe 11.5 to 14.7 GB/s. An MBU taken from a step timed in one
+moment and a bandwidth taken in others moves with whichever moment was busier. Taken in
+turns, each round's step and probe are seconds apart, so a busy spell slows both, and the
+ratio of the two from the same round cancels it; the median over rounds is quoted.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+import statistics
+from typing import Any
+
+import torch
+
+from tinyserve.model import TinyLlama
+from tinyserve.paths import cache_dir
+from tinyserve.roofline import decode_cost, eager_step_seconds, per_token_seconds, read_bandwidth
+
+from ..common import in_turns
+
+__all__ = ["PROBE_BYTES", "loops_step_in_turns", "paired_figures"]
+
+#: The probe's buffer: far above any last-level cache the course has met (32 and 105 MiB).
+PROBE_BYTES = 512 * 2**20
+
+
+@torch.no_grad()
+def _fast_step(model: TinyLlama, prompts: torch.Tensor, n: int) -> Callable[[], float]:
+    """The fast path's decode step for ``prompts`` (B, T), B a bucket (what
+    ``generate_batch(..., fast=True)`` runs), compiled now: a function timing ``n`` steps
+    (seconds per step, one untimed run first)."""
+    from tinyserve.backends.fast import fast_decoder
+    B, T = prompts.shape
+    decoder = fast_decoder(model, B, T + n, cache=cache_dir())
+    first = decoder.prefill(prompts)[:, -1].argmax(-1)
+    decoder.step(first, torch.full_like(first, T))          # compiles
+    return lambda: per_token_seconds(decoder.step, first, T, n, 1, lambda: None)
+
+
+@torch.no_grad()
+def loops_step_in_turns(model: TinyLlama, prompts: torch.Tensor, n: int, rounds: int,
+                        probe_bytes: int = PROBE_BYTES) -> dict[str, Any]:
+    """The loops' fast decode step at 1 and 4 rows (``prompts``: at least 4 rows of T
+    tokens), the eager batch-1 step, and :func:`~tinyserve.roofline.read_bandwidth` over
+    ``probe_bytes``, called in turns for ``rounds`` rounds after one untimed round: each
+    call's seconds per step (or the probe's best rate), by name, one per round; and
+    :func:`paired_figures` from them."""
+    T = prompts.shape[1]
+    device = model.device
+    fns = {"fast_1": _fast_step(model, prompts[:1], n),
+           "fast_4": _fast_step(model, prompts[:4], n),
+           "eager_1": lambda: eager_step_seconds(model, prompts[:1], n, 1),
+           "probe": lambda: read_bandwidth(device, probe_bytes, 2).best}
+    runs = in_turns(fns, rounds)
+    context = T + n // 2                       # the steps' mean position, as the sweep's
+    return {"rounds": runs, "context": context,
+            **paired_figures(runs, decode_cost(model, 1, context).bytes)}
+
+
+def paired_figures(runs: dict[str, list[float]], step_bytes: int) -> dict[str, Any]:
+    """From :func:`loops_step_in_turns`'s rounds: each path's MBU per round (its step's
+    bytes over that round's probe rate and step time) and their medians, the 4-row step over
+    the 1-row step per round and its median, and each figure's median time."""
+    def mbu_rounds(path: str) -> list[float]:
+        return [step_bytes / bw / s for s, bw in zip(runs[path], runs["probe"], strict=True)]
+    fast, eager = mbu_rounds("fast_1"), mbu_rounds("eager_1")
+    rows4 = [a / b for a, b in zip(runs["fast_4"], runs["fast_1"], strict=True)]
+    return {"bytes": step_bytes,
+            "mbu_fast": statistics.median(fast), "mbu_eager": statistics.median(eager),
+            "mbu_fast_rounds": fast, "mbu_eager_rounds": eager,
+            "rows4_vs_rows1": statistics.median(rows4), "rows4_vs_rows1_rounds": rows4,
+            "median_ms": {k: 1e3 * statistics.median(v) for k, v in runs.items()
+                          if k != "probe"},
+            "probe_gb_per_s": {"median": statistics.median(runs["probe"]) / 1e9,
+                               "min": min(runs["probe"]) / 1e9,
+                               "max": max(runs["probe"]) / 1e9}}
