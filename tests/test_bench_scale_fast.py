@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from bench.suites import _loops_step, _prepare_repeat, scale
+from bench.suites import _linear_rows, _loops_step, _prepare_repeat, scale
 from tinyserve.backends import fast
 
 
@@ -98,6 +98,40 @@ def test_the_loops_step_is_timed_in_turns_with_the_probe(monkeypatch) -> None:
         "fast_1": 2, "fast_4": 2, "eager_1": 2, "probe": 2}
     assert out["context"] == 8 + 2 and out["bytes"] > 0
     assert len(out["mbu_fast_rounds"]) == 2 and out["mbu_fast"] > 0
+
+
+def test_one_projection_is_timed_at_each_rows_on_both_paths_in_turns() -> None:
+    """linear_rows on the quick model (the fast path only traced): every projection, path
+    and rows count timed once a round, and the ratio of the last rows to the first."""
+    import torch
+
+    from tinyserve.model import TinyLlama
+    torch.manual_seed(0)
+    model = TinyLlama(scale.QUICK_CONFIG).eval()
+    with scale.fast_recipe(quick=True):
+        k = _linear_rows.linear_rows(model, (1, 5), 3, flush_bytes=2**20)
+    scale.forget_compiled(model)
+    assert set(k["ms"]) == {f"{n}/{p}/{r}" for n in ("down_proj", "up_proj")
+                            for p in ("eager", "compiled") for r in (1, 5)}
+    assert set(k["ratio"]) == {"down_proj/eager", "down_proj/compiled", "up_proj/eager",
+                               "up_proj/compiled"}
+    cfg = scale.QUICK_CONFIG
+    assert k["weight_bytes"]["down_proj"] == 4 * cfg.hidden_size * cfg.intermediate_size
+    assert all(v > 0 for v in k["gb_per_s"].values())
+
+
+def test_a_missed_few_row_goal_names_the_kernel_alone() -> None:
+    k = {"rows": [1, 5], "weight_bytes": {"down_proj": 45 * 10**6},
+         "ratio": {"down_proj/compiled": 1.8, "down_proj/eager": 2.6},
+         "gb_per_s": {"down_proj/compiled/1": 11.0, "down_proj/compiled/5": 6.1,
+                      "down_proj/eager/1": 12.0, "down_proj/eager/5": 4.6}}
+    m = measurements(linear_rows=k)
+    notes = scale.explain(scale.scale_ratios(m), m)
+    clause = "one down_proj alone (45 MB, caches flushed) costs at 5 rows, against 1: compiled 1.80x"
+    for name in ("scale_step_rows4_vs_rows1", "scale_spec_speedup_fast",
+                 "scale_engine_throughput_4_vs_1"):
+        assert clause in notes[name]
+    assert "(11.0 against 6.1 GB/s), eager 2.60x" in notes["scale_step_rows4_vs_rows1"]
 
 
 def test_a_skipped_fast_part_gives_no_ratio() -> None:

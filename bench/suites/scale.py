@@ -6,7 +6,8 @@ The scale model (:mod:`tinyserve.scale`, ``load_model("bandwidth")``) is the shi
 on this CPU 8x the last-level cache, on CUDA the GPU timing preset. Its weights are seeded
 random numbers, so its text is noise; only its timings mean something.
 
-What one run measures, in this order:
+What one run measures, in this order (the fast path's parts after the eager speculative
+run, before its fast one):
 
 - the machine: read bandwidth as the fastest of a reduction, a copy and a matrix-vector
   product over a buffer far above the cache (:func:`~tinyserve.roofline.read_bandwidth`),
@@ -18,9 +19,6 @@ What one run measures, in this order:
   with each bucket's compile time;
 - a (k+1) = 5-token verify pass against a one-token step, eager (what speculative decoding
   runs) and compiled;
-- the loops' decode step (the fast path, what ``generate_batch(..., fast=True)`` runs) at 1
-  and 4 rows and the eager batch-1 step, each round in turns with the read probe
-  (:mod:`._loops_step`): the step's MBU against the probe of its own round;
 - int8 weights through fbgemm's kernel (``quantize_model(model, kernel="fbgemm")``) against
   fp32, batch 1, eager both;
 - a cached step against recomputing the whole 512-token context, and a 512-token prefill;
@@ -31,6 +29,11 @@ What one run measures, in this order:
   steps and the plain decode, ``fast=True``; ``speculative_fast``), each against the speed-up
   :func:`~tinyserve.speculative.predicted_speedup` predicts from the acceptance and the pass
   costs measured on the same path in the same run;
+- the loops' decode step (the fast path, what ``generate_batch(..., fast=True)`` runs) at 1
+  and 4 rows and the eager batch-1 step, each round in turns with the read probe
+  (:mod:`._loops_step`): the step's MBU against the probe of its own round;
+- one projection alone at 1 and 5 rows, eager and on the fast path's recipe, caches flushed
+  (:mod:`._linear_rows`): the matmul kernel's share of a few-row step's extra cost;
 - the continuous-batching engine on the fast path (``EngineConfig(fast=True)``, its 1- and
   4-row decode shapes prepared first): its batch-1 decode step against the bytes it reads,
   and 4 concurrent requests' output tokens/s against one's;
@@ -85,6 +88,7 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
+from ._linear_rows import kernel_sentence, linear_rows
 from ._loops_step import loops_step_in_turns
 from ._prepare_repeat import prepare_repeat
 from ..common import (QUICK_CONFIG, clock, cold_compiles, in_turns, interleaved_seconds,
@@ -593,6 +597,8 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
         m["loops_step"] = loops_step_in_turns(model, _prompts(model, 4, prompt_len), n,
                                               2 if quick else LOOPS_ROUNDS,
                                               (16 if quick else 512) * 2**20)
+        m["linear_rows"] = linear_rows(model, (1, K + 1), 2 if quick else 9,
+                                       flush_bytes=(16 if quick else 256) * 2**20)
         forget_compiled(model)
         m["speculative_fast"] = _part(speculative_at_scale, model, quick, 2 if quick else 3,
                                       True)
@@ -780,7 +786,7 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"({v['eager_verify_ms'] / v['eager_step_ms']:.2f}x); the weights are read once "
             f"either way, so the extra time is the {K + 1}-row matmuls' work: the same kernel "
             f"cost that bends the rows sweep (4 rows: "
-            f"{sweep[4]['fastest_ms'] / one['fastest_ms']:.2f}x)")
+            f"{sweep[4]['fastest_ms'] / one['fastest_ms']:.2f}x){_kernel(m)}")
     notes.update(explain_parts(m, missed))
     return {k: v for k, v in notes.items() if v}
 
@@ -815,8 +821,13 @@ def loops_step_notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"extra time is the kernels' work per row, not the physics; in the rows sweep "
             f"(each bucket alone, not in turns) the compiled step cost "
             f"{four['compiled_ms'] / one['compiled_ms']:.2f}x, eager "
-            f"{four['eager_ms'] / one['eager_ms']:.2f}x")
+            f"{four['eager_ms'] / one['eager_ms']:.2f}x{_kernel(m)}")
     return notes
+
+
+def _kernel(m: dict[str, Any]) -> str:
+    """'; ' and :func:`._linear_rows.kernel_sentence`, if the report measured it."""
+    return f"; {kernel_sentence(m['linear_rows'])}" if "linear_rows" in m else ""
 
 
 def _spread(values: list[float]) -> str:
@@ -860,7 +871,7 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
                 f"{s['spec_tokens_per_s']:.1f} tokens/s speculative against "
                 f"{s['plain_tokens_per_s']:.1f} plain at a = {s['acceptance_prob']:.2f} "
                 f"({s['tokens_per_pass_measured']:.2f} tokens per target pass): {costs}, so "
-                f"the formula itself allows {s['predicted_speedup']:.2f}x")
+                f"the formula itself allows {s['predicted_speedup']:.2f}x{_kernel(m)}")
         if "scale_spec_measured_vs_predicted" in missed:
             notes["scale_spec_measured_vs_predicted"] = (
                 f"measured {s['measured_speedup']:.2f}x against {s['predicted_speedup']:.2f}x "
@@ -894,7 +905,8 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"({four['decode_step_ms'] / one['decode_step_ms']:.2f}x; the rows sweep's "
             f"compiled step {sweep[4]['compiled_ms'] / sweep[1]['compiled_ms']:.2f}x), and the "
             f"steps that were not pure decode (prefills) took "
-            f"{four['other_steps_s'] / four['step_s']:.0%} of the 4-request run's step time")
+            f"{four['other_steps_s'] / four['step_s']:.0%} of the 4-request run's step time"
+            f"{_kernel(m)}")
     r = m["prepare_repeat"]
     if "scale_prepare_repeat_s" in missed and "second_s" in r:
         notes["scale_prepare_repeat_s"] = (
