@@ -75,6 +75,43 @@ def test_fast_replay_drafter_gives_the_targets_greedy_tokens(traced: Path) -> No
     assert out == script and stats.accepted > 0
 
 
+def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
+        traced: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A one-row step keeps its frozen weights plain (fast.PREPACK_FROM_ROWS), so its compile
+    # must know its rows: the loops' decode buckets, each verify and draft width, the
+    # engine's buckets.
+    import contextlib
+    rows: list[int] = []
+
+    def recorded(freezing: bool = False, n: int | None = None):
+        rows.append(n)
+        return contextlib.nullcontext()
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), True, "eager"))
+    monkeypatch.setattr(fast, "compile_settings", recorded)
+    target, draft = sharp_model(SMALL, seed=21), sharp_model(SMALL, seed=22)
+    generate(target, random_prompt(96, 5, seed=1), 4, fast=True)
+    generate_batch(target, [random_prompt(96, n, seed=n) for n in (3, 4, 5)], 4, fast=True)
+    assert rows == [1, 4]
+    rows.clear()
+    speculative_generate(target, ModelDrafter(draft, fast=True), random_prompt(96, 6, seed=2),
+                         8, k=2, fast=True)
+    assert sorted(rows) == [1, 1, 2, 2, 3]          # the target's 1..3, the draft's 1 and 2
+    rows.clear()
+    engine = Engine(target, EngineConfig(max_num_seqs=4, fast=True))
+    engine.prepare(rows=(1, 4), tokens=16, progress=False)
+    assert sorted(set(rows)) == [1, 4]
+
+
+def test_only_a_one_row_step_keeps_its_weights_unpacked() -> None:
+    import torch._inductor.config as inductor_config
+    seen = {}
+    for rows in (None, 1, 2, 5):
+        with fast.compile_settings(True, rows):
+            seen[rows] = (inductor_config.freezing, inductor_config.cpp.weight_prepack)
+    assert seen == {None: (True, True), 1: (True, False), 2: (True, True), 5: (True, True)}
+    assert inductor_config.cpp.weight_prepack and not inductor_config.freezing   # put back
+
+
 def test_prepare_compiles_the_shapes_a_run_needs_once(traced: Path) -> None:
     model = sharp_model(SMALL, seed=9)
     shapes = [fast.Shape(20, batch=3), fast.verify_shape(2, 20)]

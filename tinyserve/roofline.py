@@ -255,7 +255,7 @@ def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
     :func:`~tinyserve.backends.compiled.compiled_decoder` hands back when asked again)."""
     from .backends.compiled import compiled_decoder
     B, T = prompts.shape
-    with compile_settings(freezing):
+    with compile_settings(freezing, B):         # as the loops compile B rows
         decoder = compiled_decoder(model, B, mode=mode, backend=backend,
                                    tokens=tokens or T + n)
         if decoder.cache.batch_size != B:

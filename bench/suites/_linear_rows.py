@@ -51,7 +51,6 @@ def linear_rows(model: TinyLlama, rows: tuple[int, ...], rounds: int,
     ``rows[-1]`` / ``rows[0]`` time ratio (the median of the rounds' ratios)."""
     from tinyserve.backends.compiled import compiling
     from tinyserve.backends.fast import CPU_RECIPE, compile_settings
-    settings = (lambda: compile_settings(True)) if CPU_RECIPE.freezing else None
     mlp = model.model.layers[0].mlp
     device = model.device
     flush = torch.empty(flush_bytes // 4, device=device)
@@ -73,6 +72,8 @@ def linear_rows(model: TinyLlama, rows: tuple[int, ...], rounds: int,
             for r in rows:
                 x = torch.randn(r, weight.shape[1], device=device, dtype=weight.dtype)
                 if path == "compiled":
+                    settings = (lambda r=r: compile_settings(True, r)) \
+                        if CPU_RECIPE.freezing else None          # as the loops compile r rows
                     with compiling(settings):
                         fn(x)                                   # compiles this shape
                 fns[f"{name}/{path}/{r}"] = _cold(lambda fn=fn, x=x: fn(x), flush)

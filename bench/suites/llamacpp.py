@@ -424,7 +424,7 @@ def our_decoders(model: Any, int8: dict[str, Any], prompt: Any,
         return run
 
     def compiled(m: Any) -> tuple[Any, float]:
-        with compile_settings(fast["freezing"]):
+        with compile_settings(fast["freezing"], 1):       # one row, as the loops'
             decoder = compiled_decoder(m, 1, mode=fast["mode"], backend=fast["backend"],
                                        tokens=T + STEPS)
             first = decoder.prefill(prompt)[:, -1].argmax(-1)

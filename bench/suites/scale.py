@@ -172,7 +172,7 @@ def verify_vs_step(model: TinyLlama, step_decoder: CompiledDecoder, prompt: torc
     guesses = torch.randint(0, model.config.vocab_size, (1, W), generator=g).to(device)
     pos_w = torch.arange(T, T + W, device=device)[None]
     pos_1 = pos_w[:, :1]
-    with compile_settings(fast["freezing"]):
+    with compile_settings(fast["freezing"], W):
         verify = VerifyDecoder(model, 1, fast["mode"], fast["backend"],
                                step_decoder.cache.max_seq)
         verify.prefill(prompt)
@@ -912,10 +912,10 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
         notes["scale_prepare_repeat_s"] = (
             f"the second process took {r['second_s']:.1f} s against the first's "
             f"{r['first_s']:.1f} s, and tracing the same shape alone (TorchDynamo, no "
-            f"inductor) {r['trace_s']:.1f} s: with freezing inductor's FX graph cache is "
-            f"bypassed (frozen weights cannot be pickled), so a repeat re-traces and lowers "
-            f"the graph and reuses only the built C++ kernels; "
-            f"{r['second_s'] - r['trace_s']:.1f} s of it is beyond the trace")
+            f"inductor) {r['trace_s']:.1f} s; {r['second_s'] - r['trace_s']:.1f} s of it is "
+            f"beyond the trace: inductor's reload of the graph from its FX graph cache (a "
+            f"one-row step keeps its frozen weights plain so that the cache can hold it: "
+            f"tinyserve.backends.fast.PREPACK_FROM_ROWS) and the step's first run")
     return notes
 
 

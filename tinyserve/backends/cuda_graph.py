@@ -301,9 +301,9 @@ class EagerReplay:
 
 
 #: What :class:`EngineGraphs` may be given in place of a capture: a function that turns one
-#: shape's step into something with ``replay()`` (the CPU fast path's compiled step,
-#: :func:`tinyserve.backends.fast.engine_step_compiler`), made ready on the parked buffers.
-StepCompiler = Callable[[Callable[[], Tensor]], "EagerReplay"]
+#: shape's step and its rows into something with ``replay()`` (the CPU fast path's compiled step,
+#: :class:`tinyserve.backends.fast.CompiledStep`), made ready on the parked buffers.
+StepCompiler = Callable[[Callable[[], Tensor], int], "EagerReplay"]
 
 
 class EngineGraphs:
@@ -466,7 +466,7 @@ class EngineGraphs:
             # gate, up), as the compiled decoder does after its eager prefill; without them
             # the step would trace five separate matmuls.
             step()
-            graph: torch.cuda.CUDAGraph | EagerReplay = self.compiler(step)
+            graph: torch.cuda.CUDAGraph | EagerReplay = self.compiler(step, rows)
             graph.replay()                            # compiles
             self._captured_from = self._weights()
         elif not self.capture:

@@ -28,10 +28,12 @@ bucket x a cache window for decode; one per width for speculation), tens of seco
 minutes on two cores. :func:`prepare` compiles exactly the shapes a run needs, up front, with
 a progress bar, and returns what each took; the compiled kernels go to a persistent folder
 (:func:`inductor_cache`: ``<cache>/inductor/torch-<version>-cold``), so a second process
-compiles from them. With freezing inductor's whole-graph cache is bypassed (frozen weights
-cannot be pickled), so a repeat still traces and lowers the graph but reuses the built C++
-kernels. One decode shape (batch 1, window 64), load 6-9 on two cores: the shipped target
-97 s in a first process, 35 s in a second; the scale model 56.5 s and 15.7 s.
+compiles from them. A step of one row keeps its frozen weights plain (:data:`PREPACK_FROM_ROWS`),
+so inductor's whole-graph (FX graph) cache holds it and a repeat reloads the graph; a step of
+several rows packs them for MKL, which that cache cannot pickle, so its repeat still traces
+and lowers the graph and reuses only the built C++ kernels and the autotuner's timings.
+The scale model's batch-1 step (window 128, one thread, 2-core Xeon with AMX): 40 s in a
+first process, 7.5-8.4 s in the next (packed, before: 75 s and 20-21 s).
 
 Frozen weights are a copy: a decoder is kept per model *and* per weight version (every
 parameter's in-place version counter), so changing a weight in place (loading a checkpoint,
@@ -53,14 +55,15 @@ import torch
 from torch import Tensor
 
 from ..model import TinyLlama
-from .compiled import CompiledDecoder, compiled_decoder, compiling
+from .compiled import MAX_COMPILED_BATCH, CompiledDecoder, compiled_decoder, compiling
 from ..paged import PagedKVCache
 from .cuda_graph import EngineGraphs, graph_decoder
 from .decoder_cache import DecoderCache
 from .spec_graphs import StaticPasses, static_passes
-from .static import window_for
+from .static import bucket_for, window_for
 
-__all__ = ["CPU_RECIPE", "FASTEST", "INDUCTOR_FOLDER", "CompiledStep", "Recipe", "Shape",
+__all__ = ["CPU_RECIPE", "FASTEST", "INDUCTOR_FOLDER", "PREPACK_FROM_ROWS", "CompiledStep",
+           "Recipe", "Shape",
            "ShapeCost", "cold_benchmarks", "compile_settings", "draft_shape", "engine_steps",
            "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
@@ -92,12 +95,14 @@ def kind(device: torch.device) -> str:
     return "graph" if device.type == "cuda" else "compile"
 
 
-def compile_settings(freezing: bool = False):
+def compile_settings(freezing: bool = False, rows: int | None = None):
     """Inductor's settings for a compiled step, as a context manager (for callers that pass a
     ``mode``, which excludes ``options``; the loops pass :data:`CPU_RECIPE` instead). With
     ``freezing`` the weights become constants, packed once at compile time, and
     max-autotune's GEMM choices are inductor's C++ template and ATen's MKL linear over the
-    packed weights (``_mkl_linear``), nothing else (Triton is a GPU backend).
+    packed weights (``_mkl_linear``), nothing else (Triton is a GPU backend). ``rows``: how
+    many rows each matmul of the step serves (a decode bucket, a pass's width); below
+    :data:`PREPACK_FROM_ROWS` the weights are not packed for MKL (see there).
 
     Why both, measured: on the machine the course was first timed on (2-core Xeon, 32 MiB L3)
     the autotuner picked the template at every linear of the scale model (e.g. 1.5 against
@@ -118,12 +123,26 @@ def compile_settings(freezing: bool = False):
     quiet = {k: v for k, v in (("max_autotune_report_choices_stats", False),
                                ("autotune_num_choices_displayed", 0))
              if hasattr(inductor_config, k)}
+    prepack = rows is None or rows >= PREPACK_FROM_ROWS
     stack = contextlib.ExitStack()
-    stack.enter_context(inductor_config.patch(freezing=True, max_autotune_gemm_backends="CPP,ATEN",
-                                              **quiet))
+    stack.enter_context(inductor_config.patch({"freezing": True, "cpp.weight_prepack": prepack,
+                                               "max_autotune_gemm_backends": "CPP,ATEN",
+                                               **quiet}))
     stack.enter_context(cold_benchmarks())
     return stack
 
+
+#: The fewest rows a compiled step's matmuls serve for which freezing packs the weights for
+#: MKL's linear (inductor's ``cpp.weight_prepack``); a one-row step keeps them plain, so
+#: ATen's choice is the plain ``mm`` (MKL's matrix-vector path). Measured on the scale model
+#: (2-core Xeon with AMX, one thread, 11 rounds in turns, two copies of the model in one
+#: process): the packed weights are MKL's own ``mkldnn`` tensors, which inductor's FX graph
+#: cache cannot pickle ("Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"), so
+#: a second process lowers the whole graph again: the batch-1 step prepared in 75 s cold and
+#: 20-21 s from the cache folder packed, 40 s and 7.5-8.4 s (a cache hit) plain, and its step
+#: took 0.96x the packed one's time (rounds 0.86-1.07). From two rows on packing pays: a
+#: 5-token verify pass took 1.76x as long plain (rounds 1.63-1.96), 4 rows 1.00x.
+PREPACK_FROM_ROWS = 2
 
 #: Bytes written before each call the autotuner times on a CPU: more than a last-level cache
 #: holds (the course's machines: 32 and 105 MiB), so the call finds its weights in memory.
@@ -229,27 +248,29 @@ def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
     persistent folder (:func:`inductor_cache`). On CUDA the loops use the graphs instead."""
     inductor_cache(cache)
     recipe = CPU_RECIPE
+    rows = bucket_for(batch, MAX_COMPILED_BATCH)
     return compiled_decoder(model, batch, backend=recipe.backend, tokens=tokens,
-                            options=recipe.compile_options(), settings=_settings(recipe),
+                            options=recipe.compile_options(), settings=_settings(recipe, rows),
                             tag=("fast", recipe.freezing, _weights_version(model)))
 
 
-def _settings(recipe: Recipe):
-    """What to hold around a compiling call: :func:`compile_settings` (freezing) or None."""
-    return functools.partial(compile_settings, True) if recipe.freezing else None
+def _settings(recipe: Recipe, rows: int):
+    """What to hold around compiling a step whose matmuls serve ``rows`` rows:
+    :func:`compile_settings` (freezing) or None."""
+    return functools.partial(compile_settings, True, rows) if recipe.freezing else None
 
 
 class CompiledStep:
     """One of the engine's decode steps (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`:
-    one batch bucket x blocks per row, on the paged pool's static buffers) compiled with
-    ``recipe``, where a CUDA graph would be captured: :meth:`replay` runs it, the first call
+    one batch bucket of ``rows`` x blocks per row, on the paged pool's static buffers)
+    compiled with ``recipe``, where a CUDA graph would be captured: :meth:`replay` runs it, the first call
     compiling (``compile_seconds``)."""
 
-    def __init__(self, step: Callable[[], Tensor], recipe: Recipe) -> None:
+    def __init__(self, step: Callable[[], Tensor], rows: int, recipe: Recipe) -> None:
         self._step = torch.compile(step, backend=recipe.backend,
                                    options=recipe.compile_options(), fullgraph=True,
                                    dynamic=False)
-        self._settings = _settings(recipe)
+        self._settings = _settings(recipe, rows)
         self.compile_seconds: float | None = None
 
     def replay(self) -> None:
@@ -305,7 +326,7 @@ class CompiledPasses(StaticPasses):
                                            options=recipe.compile_options(), fullgraph=True,
                                            dynamic=False)
                           for w in self.widths}
-        self._settings = _settings(recipe)
+        self._settings = {w: _settings(recipe, w) for w in self.widths}
         #: Seconds each width's first pass took (its compile, unless found on disk).
         self.compile_seconds: dict[int, float] = {}
 
@@ -313,7 +334,7 @@ class CompiledPasses(StaticPasses):
         if w in self.compile_seconds:
             return self._compiled[w]()
         start = time.perf_counter()
-        with compiling(self._settings):   # freezing is read while tracing (see the module)
+        with compiling(self._settings[w]):   # freezing is read while tracing (see the module)
             out = self._compiled[w]()
         self.compile_seconds[w] = time.perf_counter() - start
         return out
