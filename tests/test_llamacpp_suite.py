@@ -78,6 +78,22 @@ def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
     assert "per-row fbgemm W8A8 20" in notes["scale_int8_agreement_vs_llamacpp_q8"]
     assert "not a quiet machine" in notes["load"]
     assert "load" not in llamacpp.explain(ratios, m, [0.2, 0.4])
+    assert "read rates" not in notes["scale_int8_vs_llamacpp_q8_decode"]   # no bytes: none
+
+
+def test_a_missed_decode_goal_names_each_sides_read_rate() -> None:
+    decode, prefill = _times()
+    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
+                                                       "llamacpp_q8_0": 40, "llamacpp_f32": 128})
+    m = {"decode_s": decode, "prefill_s": prefill,
+         "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
+         "weight_bytes": {"fast": 4 * 10**9 * min(decode["fast"]),           # 4 GB/s
+                          "int8": 10**9 * min(decode["int8"])},              # 1 GB/s
+         "gguf": {"files": {"q8_0": {"bytes": 2 * 10**9 * min(decode["llamacpp_q8_0"])},
+                            "f32": {"bytes": 1}}}}
+    note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_int8_vs_llamacpp_q8_decode"]
+    assert "read rates: ours 1.0 GB/s" in note and "llama.cpp 2.0" in note
+    assert "our fp32 fast step 4.0" in note
 
 
 def test_without_the_peer_the_suite_says_make_peers_and_writes_nothing(

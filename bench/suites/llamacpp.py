@@ -541,7 +541,8 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
             a, b = min(m[key][ours]), min(m[key][theirs])
             notes[name] = (f"missed: ours ({ours}) {1e3 * a:.2f} ms against llama.cpp "
                            f"({theirs}) {1e3 * b:.2f} ms, the fastest of each's rounds "
-                           f"({a / b:.2f}x); the median same-round ratio is {ratios[name]:.2f}")
+                           f"({a / b:.2f}x); the median same-round ratio is {ratios[name]:.2f}"
+                           + _read_rates(m, key, ours, theirs))
     kept = m["tokens"]["leading_tokens_kept"]
     if kept["int8"] < kept["llamacpp_q8_0"]:
         notes["scale_int8_agreement_vs_llamacpp_q8"] = (
@@ -555,6 +556,24 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
                          "timed in turns, so each ratio's pairs met the same load, but the "
                          "absolute times are not a quiet machine's")
     return notes
+
+
+def _read_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
+    """'; ' and the rate each side read its weights at (bytes over its fastest pass), beside
+    our fp32 fast step's in the same rounds: a step reading well below that rate is bound by
+    its arithmetic, not the memory. Empty for a prefill or a report without the bytes."""
+    sizes = m.get("weight_bytes", {})
+    if key != "decode_s" or ours not in sizes or "fast" not in sizes:
+        return ""
+    file = {"llamacpp_f32": "f32", "llamacpp_q8_0": "q8_0"}[theirs]
+    rate = {name: n / min(m[key][name]) / 1e9 for name, n in (
+        (ours, sizes[ours]), ("fast", sizes["fast"]),
+        (theirs, m["gguf"]["files"][file]["bytes"]))}
+    return (f"; read rates: ours {rate[ours]:.1f} GB/s ({sizes[ours] / 1e6:.0f} MB), llama.cpp "
+            f"{rate[theirs]:.1f} ({m['gguf']['files'][file]['bytes'] / 1e6:.0f} MB of file), our "
+            f"fp32 fast step {rate['fast']:.1f}: a step reading well below the fp32 step's "
+            f"rate is bound by its arithmetic (ours turns each int8 weight into a float and "
+            f"multiplies floats; q8_0 multiplies int8 blocks by int8 blocks), not the memory")
 
 
 def load_model_for(quick: bool) -> tuple[Any, dict[str, Any]]:
@@ -596,7 +615,11 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
                             tokens["leading_tokens_kept"])
     print(table(["pass", "path", "fastest ms", "median ms"], summary_rows(timed)))
     cfg = model.config
+    from tinyserve.quant import weight_bytes
     measurements = {"tokens": tokens, **timed, "gguf": files,
+                    "weight_bytes": {"fast": weight_bytes(model), "eager": weight_bytes(model),
+                                     "fp32": weight_bytes(model),
+                                     **{k: weight_bytes(q) for k, q in int8.items()}},
                     "llamacpp": {"llama_cpp_python": loaded["f32"]["version"],
                                  "system_info": loaded["f32"]["system_info"],
                                  "api": "llama_decode on llama_batch_get_one (low level)",
