@@ -134,9 +134,9 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
 
 #: The fewest rows a compiled step's matmuls serve for which freezing packs the weights for
 #: MKL's linear (inductor's ``cpp.weight_prepack``); a one-row step keeps them plain, so
-#: ATen's choice is the plain ``mm`` (MKL's matrix-vector path). Measured on the scale model
+#: ATen's choice is the plain ``mm`` over them. Measured on the scale model
 #: (2-core Xeon with AMX, one thread, 11 rounds in turns, two copies of the model in one
-#: process): the packed weights are MKL's own ``mkldnn`` tensors, which inductor's FX graph
+#: process): the packed weights are ``mkldnn`` tensors (opaque layouts), which inductor's FX graph
 #: cache cannot pickle ("Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"), so
 #: a second process lowers the whole graph again: the batch-1 step prepared in 75 s cold and
 #: 20-21 s from the cache folder packed, 40 s and 7.5-8.4 s (a cache hit) plain, and its step
