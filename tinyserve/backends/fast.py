@@ -32,8 +32,9 @@ compiles from them. A step of one row keeps its frozen weights plain (:data:`PRE
 so inductor's whole-graph (FX graph) cache holds it and a repeat reloads the graph; a step of
 several rows packs them for MKL, which that cache cannot pickle, so its repeat still traces
 and lowers the graph and reuses only the built C++ kernels and the autotuner's timings.
-The scale model's batch-1 step (window 128, one thread, 2-core Xeon with AMX): 40 s in a
-first process, 7.5-8.4 s in the next (packed, before: 75 s and 20-21 s).
+The scale model's batch-1 step (window 128, one thread, 2-core Xeon with AMX): its compile
+took 40 s in a first process and 7.5-8.4 s in the next (``prepare`` in fresh processes, its
+trace included: 38-43 s and 10.0-10.3 s); packed, before, 75 s and 20-21 s.
 
 Frozen weights are a copy: a decoder is kept per model *and* per weight version (every
 parameter's in-place version counter), so changing a weight in place (loading a checkpoint,
