@@ -87,13 +87,47 @@ def test_a_missed_decode_goal_names_each_sides_read_rate() -> None:
                                                        "llamacpp_q8_0": 40, "llamacpp_f32": 128})
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
-         "weight_bytes": {"fast": 4 * 10**9 * min(decode["fast"]),           # 4 GB/s
+         "weight_bytes": {"fp32": 4 * 10**9 * min(decode["fast"]),           # 4 GB/s
                           "int8": 10**9 * min(decode["int8"])},              # 1 GB/s
          "gguf": {"files": {"q8_0": {"bytes": 2 * 10**9 * min(decode["llamacpp_q8_0"])},
                             "f32": {"bytes": 1}}}}
     note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_int8_vs_llamacpp_q8_decode"]
     assert "read rates: ours 1.0 GB/s" in note and "llama.cpp 2.0" in note
     assert "our fp32 fast step 4.0" in note
+
+
+def test_prefill_flops_count_every_tokens_matmuls_one_head_row_and_causal_attention() -> None:
+    from tinyserve.config import PRESETS
+    cfg = PRESETS["target"]
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    # one token: a decode step's FLOPs at context 1 (it attends to itself)
+    assert llamacpp.prefill_flops(cfg, 1) == cfg.flops_per_token(1)
+    # each further token adds its matmuls without the LM head, and attends to one more
+    three = llamacpp.prefill_flops(cfg, 3)
+    body = cfg.flops_per_token(0) - head
+    assert three == 3 * body + head + sum(cfg.flops_per_token(c) - cfg.flops_per_token(0)
+                                          for c in (1, 2, 3))
+    assert three < 3 * cfg.flops_per_token(3)
+
+
+def test_a_missed_prefill_goal_names_each_sides_flop_rate_against_the_probe() -> None:
+    decode, prefill = _times()
+    prefill["fp32"] = [2.0, 5.0, 1.5]            # against 1, 4, 2: 2.0, 1.25, 0.75
+    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
+                                                       "llamacpp_q8_0": 40})
+    assert ratios["scale_prefill_vs_llamacpp_f32"] == pytest.approx(1.25)
+    m = {"decode_s": decode, "prefill_s": prefill,
+         "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
+         "prefill_flops": 3 * 10**9,
+         "matmul_probe": {"flops": 4 * 10**9, "seconds": [2.0, 1.0, 4.0]}}   # best 4 GFLOP/s
+    note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_prefill_vs_llamacpp_f32"]
+    assert "ours 2 GFLOP/s (0.50 of the matmul probe)" in note      # 3 GFLOP / 1.5 s
+    assert "llama.cpp 3 (0.75)" in note                              # 3 GFLOP / 1.0 s
+    assert "probe 4 in the same rounds" in note
+    assert "ran 0.75-2.00, 1 of 3 at or under 1.0" in note
+    del m["matmul_probe"]                                            # an older report: no rates
+    assert "FLOP rates" not in llamacpp.explain(ratios, m, [0.1, 0.1])[
+        "scale_prefill_vs_llamacpp_f32"]
 
 
 def test_without_the_peer_the_suite_says_make_peers_and_writes_nothing(

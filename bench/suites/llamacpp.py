@@ -36,7 +36,8 @@ What one run does, in order:
 - **prefill**: a ``PREFILL_TOKENS``-token prompt into an empty cache, logits of the last
   position only on both sides: ours fp32, group-wise int8 and per-row fbgemm int8 (eager: the
   loops' prefill), llama.cpp f32 and q8_0 (one ``llama_decode`` of the whole prompt,
-  ``n_batch`` holding it).
+  ``n_batch`` holding it), and in the same rounds torch's fp32 matmul at the course's
+  FLOP-ceiling shape: a missed prefill goal's note gives each side's FLOP rate against it.
 
 Every figure is taken in turns (:func:`bench.common.in_turns`: each round runs every one once,
 the first rotating), so a busy spell hits all alike; a ratio is the median over rounds of the
@@ -191,6 +192,16 @@ def compute_ratios(decode: dict[str, list[float]], prefill: dict[str, list[float
             ratios[f"scale_{ours}_agreement_vs_llamacpp_q8"] = (agreed[ours]
                                                                 / agreed["llamacpp_q8_0"])
     return ratios
+
+
+def prefill_flops(cfg: Any, tokens: int) -> int:
+    """Forward FLOPs of a ``tokens``-token prefill into an empty cache with the logits of the
+    last position only (as both sides run it): every token's matmuls, one LM head row, and
+    causal attention (token t attends to the t before it and itself)."""
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    body = cfg.flops_per_token(0) - head
+    attention = sum(cfg.flops_per_token(t + 1) - cfg.flops_per_token(0) for t in range(tokens))
+    return tokens * body + head + attention
 
 
 # --- the worker: llama.cpp in the peer's venv ---------------------------------------------------
@@ -498,12 +509,40 @@ def timed_in_turns(model: Any, int8: dict[str, Any], peer: Worker,
             op="prefill", name=k, prompt=prefill_prompt))
     print(f"decode, {len(decode_fns)} paths in turns, {rounds} rounds ...", flush=True)
     decode = in_turns(decode_fns, rounds)
+    prefill_fns[MATMUL_PROBE] = matmul_probe()
     print(f"prefill of {PREFILL_TOKENS} tokens, {len(prefill_fns)} paths in turns ...",
           flush=True)
     prefill = in_turns(prefill_fns, rounds)
+    probe = prefill.pop(MATMUL_PROBE)
     return {"decode_s": decode, "prefill_s": prefill, "rounds": rounds, "fastest_path": fast,
+            "matmul_probe": {"flops": probe[0][0], "seconds": [s for _, s in probe],
+                             "what": "torch's fp32 matmul at the course's FLOP-ceiling shape "
+                                     "(roofline.CEILING_MATMUL_N), one thread, in the "
+                                     "prefill's rounds"},
             "compile_s": {k: round(v, 1) for k, v in ours["compile_s"].items()},
             "roofline_timers_s": roofline_cross_check(model, torch.tensor([decode_prompt]), fast)}
+
+
+#: The prefill rounds' extra turn: torch's own fp32 matmul, the FLOP rate a prefill's GEMMs
+#: could reach on this core in that round (the compute side's probe, as read_bandwidth is the
+#: memory side's in bench scale's rounds).
+MATMUL_PROBE = "torch_matmul_probe"
+
+
+def matmul_probe() -> Any:
+    """A call returning (FLOPs, seconds) of one matmul of the course's FLOP-ceiling shape."""
+    import torch
+
+    from tinyserve.device import clock
+    from tinyserve.roofline import CEILING_MATMUL_N
+    n = CEILING_MATMUL_N["cpu"]
+    a, b = torch.randn(n, n), torch.randn(n, n)
+
+    def run() -> tuple[int, float]:
+        start = clock(a.device)
+        a @ b
+        return 2 * n**3, clock(a.device) - start
+    return run
 
 
 def roofline_cross_check(model: Any, prompt: Any, fast: dict[str, Any]) -> dict[str, float]:
@@ -542,7 +581,8 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
             notes[name] = (f"missed: ours ({ours}) {1e3 * a:.2f} ms against llama.cpp "
                            f"({theirs}) {1e3 * b:.2f} ms, the fastest of each's rounds "
                            f"({a / b:.2f}x); the median same-round ratio is {ratios[name]:.2f}"
-                           + _read_rates(m, key, ours, theirs))
+                           + _read_rates(m, key, ours, theirs)
+                           + _flop_rates(m, key, ours, theirs))
     kept = m["tokens"]["leading_tokens_kept"]
     if kept["int8"] < kept["llamacpp_q8_0"]:
         notes["scale_int8_agreement_vs_llamacpp_q8"] = (
@@ -562,8 +602,10 @@ def _read_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
     """'; ' and the rate each side read its weights at (bytes over its fastest pass), beside
     our fp32 fast step's in the same rounds: a step reading well below that rate is bound by
     its arithmetic, not the memory. Empty for a prefill or a report without the bytes."""
-    sizes = m.get("weight_bytes", {})
-    if key != "decode_s" or ours not in sizes or "fast" not in sizes:
+    # the fp32 model's bytes serve both of its paths (the fast step and the eager one)
+    given = m.get("weight_bytes", {})
+    sizes = {**given, "fast": given.get("fp32"), "eager": given.get("fp32")}
+    if key != "decode_s" or not sizes.get(ours) or not sizes.get("fast"):
         return ""
     file = {"llamacpp_f32": "f32", "llamacpp_q8_0": "q8_0"}[theirs]
     rate = {name: n / min(m[key][name]) / 1e9 for name, n in (
@@ -574,6 +616,26 @@ def _read_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
             f"fp32 fast step {rate['fast']:.1f}: a step reading well below the fp32 step's "
             f"rate is bound by its arithmetic (ours turns each int8 weight into a float and "
             f"multiplies floats; q8_0 multiplies int8 blocks by int8 blocks), not the memory")
+
+
+def _flop_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
+    """'; ' and each side's FLOP rate over its fastest prefill beside the fastest matmul
+    probe of the same rounds, and how the same-round ratios spread: a prefill is bound by its
+    arithmetic, so the question is how near each side's matmuls run to this core's best.
+    Empty for a decode pass or a report without the probe."""
+    probe, flops = m.get("matmul_probe"), m.get("prefill_flops")
+    if key != "prefill_s" or not probe or not flops:
+        return ""
+    best = probe["flops"] / min(probe["seconds"]) / 1e9
+    rate = {name: flops / min(m[key][name]) / 1e9 for name in (ours, theirs)}
+    pairs = sorted(a / b for a, b in zip(m[key][ours], m[key][theirs]))
+    under = sum(r <= 1.0 for r in pairs)
+    return (f"; FLOP rates ({flops / 1e9:.1f} GFLOP over the fastest prefill): ours "
+            f"{rate[ours]:.0f} GFLOP/s ({rate[ours] / best:.2f} of the matmul probe), llama.cpp "
+            f"{rate[theirs]:.0f} ({rate[theirs] / best:.2f}), torch's fp32 matmul probe "
+            f"{best:.0f} in the same rounds: both prefills are bound by their matmuls' "
+            f"arithmetic, not the memory; the same-round ratios ran {pairs[0]:.2f}-"
+            f"{pairs[-1]:.2f}, {under} of {len(pairs)} at or under 1.0")
 
 
 def load_model_for(quick: bool) -> tuple[Any, dict[str, Any]]:
@@ -596,6 +658,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
         raise SystemExit(2)
     from ..common import report, table, write_json
     model, int8 = load_model_for(quick)
+    cfg = model.config
     load_before = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="tinyserve-llamacpp-") as tmp:
         work = Path(tmp)
@@ -614,12 +677,11 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     ratios = compute_ratios(timed["decode_s"], timed["prefill_s"],
                             tokens["leading_tokens_kept"])
     print(table(["pass", "path", "fastest ms", "median ms"], summary_rows(timed)))
-    cfg = model.config
     from tinyserve.quant import weight_bytes
     measurements = {"tokens": tokens, **timed, "gguf": files,
-                    "weight_bytes": {"fast": weight_bytes(model), "eager": weight_bytes(model),
-                                     "fp32": weight_bytes(model),
+                    "weight_bytes": {"fp32": weight_bytes(model),
                                      **{k: weight_bytes(q) for k, q in int8.items()}},
+                    "prefill_flops": prefill_flops(cfg, PREFILL_TOKENS),
                     "llamacpp": {"llama_cpp_python": loaded["f32"]["version"],
                                  "system_info": loaded["f32"]["system_info"],
                                  "api": "llama_decode on llama_batch_get_one (low level)",
