@@ -21,7 +21,8 @@ from conftest import random_prompt, sharp_model
 from tinyserve.config import ModelConfig
 from tinyserve.backends.cuda_graph import EngineGraphs
 from tinyserve.engine import Engine, EngineConfig, generate_many
-from tinyserve.generate import PromptError, generate, generate_ids
+from tinyserve.generate import PromptError, generate, generate_ids, prefill
+from tinyserve.kv_cache import KVCache
 from tinyserve.paged import DecodeBuffers, DecodeLayout, PagedKVCache, RowSpec
 from tinyserve.sampling import SamplingParams
 from tinyserve.block_manager import BlockManager
@@ -245,6 +246,30 @@ def test_logits_at_selects_positions(model) -> None:
     ids = torch.tensor([random_prompt(CFG.vocab_size, 12, seed=3)])
     at = torch.tensor([0, 5, 11])
     torch.testing.assert_close(model(ids, logits_at=at), model(ids)[:, at])
+
+
+def test_logits_at_runs_the_last_mlp_on_the_kept_rows_and_caches_every_position(model) -> None:
+    # The saving llama.cpp also makes: past the last layer's attention only the rows whose
+    # logits are asked for go on. The cache must still hold every position, the logits must
+    # be the full pass's, and the last MLP (only it) must see the kept rows alone.
+    ids = torch.tensor([random_prompt(CFG.vocab_size, 12, seed=4)])
+    rows: list[int] = []
+    hooks = [layer.mlp.register_forward_hook(lambda _m, args, _out: rows.append(args[0].shape[1]))
+             for layer in model.model.layers]
+    try:
+        kept, full = KVCache.for_model(model, 1, 12), KVCache.for_model(model, 1, 12)
+        last = torch.tensor([11])
+        got = prefill(model, ids, kept, logits_at=last)
+        want = prefill(model, ids, full)[:, last]
+    finally:
+        for hook in hooks:
+            hook.remove()
+    torch.testing.assert_close(got, want)
+    n = CFG.num_hidden_layers
+    assert rows[:n] == [12] * (n - 1) + [1]          # the pass with logits_at
+    assert rows[n:] == [12] * n                      # the full pass
+    torch.testing.assert_close(kept.k, full.k)
+    torch.testing.assert_close(kept.v, full.v)
 
 
 def test_decode_rows_gathered_by_block_equal_gathered_by_slot(model) -> None:

@@ -92,25 +92,48 @@ def test_a_missed_decode_goal_names_each_sides_read_rate() -> None:
          "gguf": {"files": {"q8_0": {"bytes": 2 * 10**9 * min(decode["llamacpp_q8_0"])},
                             "f32": {"bytes": 1}}}}
     note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_int8_vs_llamacpp_q8_decode"]
-    assert "read rates: ours 1.0 GB/s" in note and "llama.cpp 2.0" in note
-    assert "our fp32 fast step 4.0" in note
+    assert "ours 1.0 GB/s" in note and "llama.cpp 2.0" in note
+    assert "our fp32 fast step 4.0" in note and "arithmetic" in note
+    assert "the read probe" not in note                      # no probe in this report
+    m["read_probe_bytes_per_s"] = [5e9, 8e9, 6e9]            # the best round: 8 GB/s
+    note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_int8_vs_llamacpp_q8_decode"]
+    assert "the memory 8.0" in note and "ours at 0.12 of it, llama.cpp at 0.25" in note
 
 
-def test_prefill_flops_count_every_tokens_matmuls_one_head_row_and_causal_attention() -> None:
+def test_a_missed_fp32_decode_goal_holds_both_against_the_memory_not_our_own_step() -> None:
+    decode, prefill = _times()
+    decode["fast"] = [20.0, 20.0, 20.0]                      # 2x llama.cpp f32's 10
+    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
+                                                       "llamacpp_q8_0": 40})
+    size = 8 * 10**10                                        # both read it: 4 and 8 GB/s
+    m = {"decode_s": decode, "prefill_s": prefill,
+         "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
+         "weight_bytes": {"fp32": size, "int8": size // 4},
+         "gguf": {"files": {"f32": {"bytes": size}, "q8_0": {"bytes": size // 4}}},
+         "read_probe_bytes_per_s": [8e9, 7e9]}
+    note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_fast_vs_llamacpp_f32_decode"]
+    assert "ours 4.0 GB/s" in note and "llama.cpp 8.0" in note
+    assert "ours at 0.50 of it, llama.cpp at 1.00" in note
+    assert "same fp32 bytes" in note and "arithmetic" not in note
+
+
+def test_prefill_flops_count_the_matmuls_run_one_head_row_and_causal_attention() -> None:
     from tinyserve.config import PRESETS
     cfg = PRESETS["target"]
     head = 2 * cfg.hidden_size * cfg.vocab_size
+    mlp = 2 * 3 * cfg.hidden_size * cfg.intermediate_size
     # one token: a decode step's FLOPs at context 1 (it attends to itself)
     assert llamacpp.prefill_flops(cfg, 1) == cfg.flops_per_token(1)
-    # each further token adds its matmuls without the LM head, and attends to one more
+    # each further token adds its matmuls without the LM head and without the last layer's
+    # MLP (only the last position's runs), and attends to one more position
     three = llamacpp.prefill_flops(cfg, 3)
     body = cfg.flops_per_token(0) - head
-    assert three == 3 * body + head + sum(cfg.flops_per_token(c) - cfg.flops_per_token(0)
-                                          for c in (1, 2, 3))
+    assert three == 3 * body - 2 * mlp + head + sum(
+        cfg.flops_per_token(c) - cfg.flops_per_token(0) for c in (1, 2, 3))
     assert three < 3 * cfg.flops_per_token(3)
 
 
-def test_a_missed_prefill_goal_names_each_sides_flop_rate_against_the_probe() -> None:
+def test_a_missed_prefill_goal_names_each_sides_flop_rate_beside_torchs_kernels() -> None:
     decode, prefill = _times()
     prefill["fp32"] = [2.0, 5.0, 1.5]            # against 1, 4, 2: 2.0, 1.25, 0.75
     ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
@@ -119,15 +142,28 @@ def test_a_missed_prefill_goal_names_each_sides_flop_rate_against_the_probe() ->
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
          "prefill_flops": 3 * 10**9,
-         "matmul_probe": {"flops": 4 * 10**9, "seconds": [2.0, 1.0, 4.0]}}   # best 4 GFLOP/s
+         "kernel_probes": {"probe_mkl": {"flops": 4 * 10**9, "seconds": [2.0, 1.0, 4.0]},
+                           "probe_onednn": {"flops": 4 * 10**9, "seconds": [0.5, 0.8]}},
+         "kernel_probe_shape": "the prefill's up_proj"}
     note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_prefill_vs_llamacpp_f32"]
-    assert "ours 2 GFLOP/s (0.50 of the matmul probe)" in note      # 3 GFLOP / 1.5 s
-    assert "llama.cpp 3 (0.75)" in note                              # 3 GFLOP / 1.0 s
-    assert "probe 4 in the same rounds" in note
+    assert "ours 2 GFLOP/s, llama.cpp 3" in note                     # 3 GFLOP / 1.5 s, / 1 s
+    assert "MKL's sgemm, what the eager prefill runs) 4" in note     # its best: 4 GFLOP / 1 s
+    assert "(mkldnn._linear_pointwise) 8" in note                    # 4 GFLOP / 0.5 s
+    assert "at the prefill's up_proj in the same rounds" in note
     assert "ran 0.75-2.00, 1 of 3 at or under 1.0" in note
-    del m["matmul_probe"]                                            # an older report: no rates
+    del m["kernel_probes"]                                           # an older report: no rates
     assert "FLOP rates" not in llamacpp.explain(ratios, m, [0.1, 0.1])[
         "scale_prefill_vs_llamacpp_f32"]
+
+
+def test_the_kernel_probes_time_torchs_linear_kernels_at_the_prefills_shape() -> None:
+    from tinyserve.config import PRESETS
+    cfg = PRESETS["draft"]
+    probes = llamacpp.kernel_probes(cfg, 4)
+    assert set(probes) <= set(llamacpp.KERNEL_PROBES) and "probe_mkl" in probes
+    for run in probes.values():
+        flops, seconds = run()
+        assert flops == 2 * 4 * cfg.hidden_size * cfg.intermediate_size and seconds > 0
 
 
 def test_without_the_peer_the_suite_says_make_peers_and_writes_nothing(

@@ -273,9 +273,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
                 cache: KVStore | AttentionBackend | None = None,
-                contiguous: bool = False, masks: dict[str, Tensor] | None = None) -> Tensor:
+                contiguous: bool = False, masks: dict[str, Tensor] | None = None,
+                keep: Tensor | None = None) -> Tensor:
+        """``keep`` (indices into T): only those positions go on past attention. Attention
+        still runs for every position (each one's keys and values go into the cache), but the
+        MLP, row by row, serves only the rows kept (see :meth:`TinyLlama.forward`)."""
         x = x + self.self_attn(self.input_layernorm(x), positions, cos, sin, cache, contiguous,
                                masks)
+        if keep is not None:
+            x = x[:, keep]
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -351,7 +357,8 @@ class TinyLlama(nn.Module):
 
         ``logits_at`` (indices into T) keeps only those positions' logits, (B, len, vocab):
         a serving step samples from one position per sequence, and scoring the whole
-        vocabulary at every prompt position would cost more than the rest of the model.
+        vocabulary at every prompt position would cost more than the rest of the model. The
+        last layer's MLP then serves only those positions too (``DecoderLayer``'s ``keep``).
 
         ``positions`` (B, T) or (T,) defaults to 0..T-1, or, with a cache that keeps its
         lengths on the host (``step_positions``: the contiguous and the paged cache), to the
@@ -381,8 +388,12 @@ class TinyLlama(nn.Module):
         cos, sin = self.rope(positions)
         x = self.model.embed_tokens(input_ids)
         masks: dict[str, Tensor] = {}   # the attention mask, built by layer 0, read by all
-        for layer in self.model.layers:
+        *body, last = self.model.layers
+        for layer in body:
             x = layer(x, positions, cos, sin, cache, contiguous, masks)
-        if logits_at is not None:
-            x = x[:, logits_at]
+        # The last layer's MLP runs only for the positions whose logits are asked for: nothing
+        # after it reads the others (their keys and values are cached by its attention). For a
+        # prompt that is most of a layer's FLOPs saved; llama.cpp's graphs do the same
+        # (ggml_get_rows on inp_out_ids before the last layer's feed-forward).
+        x = last(x, positions, cos, sin, cache, contiguous, masks, keep=logits_at)
         return fused_linear(self.model.norm(x), self, (self.lm_head,))[0].float()

@@ -36,8 +36,9 @@ What one run does, in order:
 - **prefill**: a ``PREFILL_TOKENS``-token prompt into an empty cache, logits of the last
   position only on both sides: ours fp32, group-wise int8 and per-row fbgemm int8 (eager: the
   loops' prefill), llama.cpp f32 and q8_0 (one ``llama_decode`` of the whole prompt,
-  ``n_batch`` holding it), and in the same rounds torch's fp32 matmul at the course's
-  FLOP-ceiling shape: a missed prefill goal's note gives each side's FLOP rate against it.
+  ``n_batch`` holding it), and in the same rounds torch's two fp32 linear kernels (MKL's and
+  oneDNN's) at the prefill's largest matmul: a missed prefill goal's note gives each side's
+  FLOP rate beside theirs. The decode rounds take the memory's read probe in turn likewise.
 
 Every figure is taken in turns (:func:`bench.common.in_turns`: each round runs every one once,
 the first rotating), so a busy spell hits all alike; a ratio is the median over rounds of the
@@ -59,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -196,12 +197,15 @@ def compute_ratios(decode: dict[str, list[float]], prefill: dict[str, list[float
 
 def prefill_flops(cfg: Any, tokens: int) -> int:
     """Forward FLOPs of a ``tokens``-token prefill into an empty cache with the logits of the
-    last position only (as both sides run it): every token's matmuls, one LM head row, and
-    causal attention (token t attends to the t before it and itself)."""
+    last position only, as both sides run it: every token's matmuls except the last layer's
+    MLP, which serves the last position alone (``TinyLlama.forward``; llama.cpp's
+    ``inp_out_ids``), one LM head row, and causal attention (token t attends to the t before
+    it and itself)."""
     head = 2 * cfg.hidden_size * cfg.vocab_size
-    body = cfg.flops_per_token(0) - head
+    mlp = 2 * 3 * cfg.hidden_size * cfg.intermediate_size          # one layer, one token
+    body = cfg.flops_per_token(0) - head                            # every layer, one token
     attention = sum(cfg.flops_per_token(t + 1) - cfg.flops_per_token(0) for t in range(tokens))
-    return tokens * body + head + attention
+    return tokens * body - (tokens - 1) * mlp + head + attention
 
 
 # --- the worker: llama.cpp in the peer's venv ---------------------------------------------------
@@ -507,42 +511,67 @@ def timed_in_turns(model: Any, int8: dict[str, Any], peer: Worker,
             op="decode", name=k, prompt=decode_prompt, n=STEPS))
         prefill_fns[f"llamacpp_{kind}"] = (lambda k=kind: peer.ask(
             op="prefill", name=k, prompt=prefill_prompt))
+    decode_fns[READ_PROBE] = read_probe(quick)
     print(f"decode, {len(decode_fns)} paths in turns, {rounds} rounds ...", flush=True)
     decode = in_turns(decode_fns, rounds)
-    prefill_fns[MATMUL_PROBE] = matmul_probe()
+    read = decode.pop(READ_PROBE)
+    kernels = kernel_probes(model.config, PREFILL_TOKENS)
+    prefill_fns.update(kernels)
     print(f"prefill of {PREFILL_TOKENS} tokens, {len(prefill_fns)} paths in turns ...",
           flush=True)
     prefill = in_turns(prefill_fns, rounds)
-    probe = prefill.pop(MATMUL_PROBE)
+    shape = f"{PREFILL_TOKENS} x {model.config.hidden_size} by {model.config.hidden_size} x " \
+            f"{model.config.intermediate_size}"
     return {"decode_s": decode, "prefill_s": prefill, "rounds": rounds, "fastest_path": fast,
-            "matmul_probe": {"flops": probe[0][0], "seconds": [s for _, s in probe],
-                             "what": "torch's fp32 matmul at the course's FLOP-ceiling shape "
-                                     "(roofline.CEILING_MATMUL_N), one thread, in the "
-                                     "prefill's rounds"},
+            "read_probe_bytes_per_s": read,
+            "kernel_probes": {name: {"flops": runs[0][0], "seconds": [t for _, t in runs]}
+                              for name, runs in ((k, prefill.pop(k)) for k in kernels)},
+            "kernel_probe_shape": f"the prefill's up_proj: {shape}, fp32, one thread",
             "compile_s": {k: round(v, 1) for k, v in ours["compile_s"].items()},
             "roofline_timers_s": roofline_cross_check(model, torch.tensor([decode_prompt]), fast)}
 
 
-#: The prefill rounds' extra turn: torch's own fp32 matmul, the FLOP rate a prefill's GEMMs
-#: could reach on this core in that round (the compute side's probe, as read_bandwidth is the
-#: memory side's in bench scale's rounds).
-MATMUL_PROBE = "torch_matmul_probe"
+#: The decode rounds' extra turn: the memory's read rate (roofline.read_bandwidth's best
+#: way), so a decode step's read rate is held against what the memory gave in its round.
+READ_PROBE = "read_probe"
+#: The prefill rounds' extra turns: torch's two fp32 linear kernels at the prefill's largest
+#: matmul shape, the FLOP rates a prefill made of that matmul could reach on this core.
+KERNEL_PROBES = {"probe_mkl": "F.linear (MKL's sgemm, what the eager prefill runs)",
+                 "probe_onednn": "oneDNN's linear over weights reordered once "
+                                 "(mkldnn._linear_pointwise)"}
 
 
-def matmul_probe() -> Any:
-    """A call returning (FLOPs, seconds) of one matmul of the course's FLOP-ceiling shape."""
+def read_probe(quick: bool) -> Any:
+    """A call returning the memory's read rate, bytes/s (the probe the scale suite uses)."""
+    from tinyserve.roofline import read_bandwidth
+    nbytes = (16 if quick else 512) * 2**20
+    return lambda: read_bandwidth("cpu", nbytes, 2).best
+
+
+def kernel_probes(cfg: Any, rows: int) -> dict[str, Any]:
+    """Calls returning (FLOPs, seconds) of one fp32 linear of the prefill's up_proj shape
+    (``rows`` x hidden by hidden x intermediate), by :data:`KERNEL_PROBES` name: MKL's, and
+    oneDNN's where this torch has it (the weight reordered once, as inductor packs it)."""
     import torch
+    import torch.nn.functional as F
 
     from tinyserve.device import clock
-    from tinyserve.roofline import CEILING_MATMUL_N
-    n = CEILING_MATMUL_N["cpu"]
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    x = torch.randn(rows, cfg.hidden_size)
+    w = torch.randn(cfg.intermediate_size, cfg.hidden_size)
+    flops = 2 * rows * cfg.hidden_size * cfg.intermediate_size
 
-    def run() -> tuple[int, float]:
-        start = clock(a.device)
-        a @ b
-        return 2 * n**3, clock(a.device) - start
-    return run
+    def timed(call: Callable[[], Any]) -> Callable[[], tuple[int, float]]:
+        def run() -> tuple[int, float]:
+            start = clock(x.device)
+            call()
+            return flops, clock(x.device) - start
+        return run
+    probes = {"probe_mkl": timed(lambda: F.linear(x, w))}
+    if torch.backends.mkldnn.is_available():
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+        probes["probe_onednn"] = timed(lambda: torch.ops.mkldnn._linear_pointwise(
+            x, packed, None, "none", [], ""))
+    return probes
 
 
 def roofline_cross_check(model: Any, prompt: Any, fast: dict[str, Any]) -> dict[str, float]:
@@ -599,43 +628,55 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
 
 
 def _read_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
-    """'; ' and the rate each side read its weights at (bytes over its fastest pass), beside
-    our fp32 fast step's in the same rounds: a step reading well below that rate is bound by
-    its arithmetic, not the memory. Empty for a prefill or a report without the bytes."""
-    # the fp32 model's bytes serve both of its paths (the fast step and the eager one)
+    """'; ' and the rate each side read its weights at (bytes over its fastest step) beside
+    the memory's (the read probe's best in the same rounds) and, for an 8-bit step, our fp32
+    fast step's: a step reading well below the memory is held back by its kernel, and an 8-bit
+    one reading below our fp32 step by its arithmetic. Empty for a prefill or a report without
+    the bytes."""
     given = m.get("weight_bytes", {})
-    sizes = {**given, "fast": given.get("fp32"), "eager": given.get("fp32")}
+    sizes = {**given, "fast": given.get("fp32"), "eager": given.get("fp32")}   # one fp32 model
     if key != "decode_s" or not sizes.get(ours) or not sizes.get("fast"):
         return ""
     file = {"llamacpp_f32": "f32", "llamacpp_q8_0": "q8_0"}[theirs]
+    theirs_bytes = m["gguf"]["files"][file]["bytes"]
     rate = {name: n / min(m[key][name]) / 1e9 for name, n in (
-        (ours, sizes[ours]), ("fast", sizes["fast"]),
-        (theirs, m["gguf"]["files"][file]["bytes"]))}
-    return (f"; read rates: ours {rate[ours]:.1f} GB/s ({sizes[ours] / 1e6:.0f} MB), llama.cpp "
-            f"{rate[theirs]:.1f} ({m['gguf']['files'][file]['bytes'] / 1e6:.0f} MB of file), our "
-            f"fp32 fast step {rate['fast']:.1f}: a step reading well below the fp32 step's "
-            f"rate is bound by its arithmetic (ours turns each int8 weight into a float and "
-            f"multiplies floats; q8_0 multiplies int8 blocks by int8 blocks), not the memory")
+        (ours, sizes[ours]), ("fast", sizes["fast"]), (theirs, theirs_bytes))}
+    text = (f"; read rates (weight bytes over the fastest step): ours {rate[ours]:.1f} GB/s "
+            f"({sizes[ours] / 1e6:.0f} MB), llama.cpp {rate[theirs]:.1f} "
+            f"({theirs_bytes / 1e6:.0f} MB of file)")
+    memory = max(m.get("read_probe_bytes_per_s") or [0.0]) / 1e9
+    if memory:
+        text += (f", the memory {memory:.1f} (the read probe's best in the same rounds: ours at "
+                 f"{rate[ours] / memory:.2f} of it, llama.cpp at {rate[theirs] / memory:.2f})")
+    if ours in ("fast", "eager"):
+        return text + (": both read the same fp32 bytes, so the step that reads nearer the "
+                       "memory's rate has the kernel that streams better on this core (ours: "
+                       "torch's one-row fp32 matmul)")
+    return text + (f", our fp32 fast step {rate['fast']:.1f}: an 8-bit step reading well below "
+                   "the fp32 step's rate is bound by its arithmetic (ours turns each int8 "
+                   "weight into a float and multiplies floats; q8_0 multiplies int8 blocks by "
+                   "int8 blocks), not the memory")
 
 
 def _flop_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
-    """'; ' and each side's FLOP rate over its fastest prefill beside the fastest matmul
-    probe of the same rounds, and how the same-round ratios spread: a prefill is bound by its
-    arithmetic, so the question is how near each side's matmuls run to this core's best.
-    Empty for a decode pass or a report without the probe."""
-    probe, flops = m.get("matmul_probe"), m.get("prefill_flops")
-    if key != "prefill_s" or not probe or not flops:
+    """'; ' and each side's FLOP rate over its fastest prefill beside the kernel probes of the
+    same rounds (torch's fp32 linear kernels at the prefill's largest matmul), and how the
+    same-round ratios spread: a 128-row prefill is bound by its matmuls' arithmetic, so the
+    question is which kernel each side runs and how fast that kernel is on this core. Empty
+    for a decode pass or a report without the probes."""
+    probes, flops = m.get("kernel_probes"), m.get("prefill_flops")
+    if key != "prefill_s" or not probes or not flops:
         return ""
-    best = probe["flops"] / min(probe["seconds"]) / 1e9
     rate = {name: flops / min(m[key][name]) / 1e9 for name in (ours, theirs)}
+    kernels = ", ".join(f"{KERNEL_PROBES.get(name, name)} {p['flops'] / min(p['seconds']) / 1e9:.0f}"
+                        for name, p in probes.items())
     pairs = sorted(a / b for a, b in zip(m[key][ours], m[key][theirs]))
     under = sum(r <= 1.0 for r in pairs)
     return (f"; FLOP rates ({flops / 1e9:.1f} GFLOP over the fastest prefill): ours "
-            f"{rate[ours]:.0f} GFLOP/s ({rate[ours] / best:.2f} of the matmul probe), llama.cpp "
-            f"{rate[theirs]:.0f} ({rate[theirs] / best:.2f}), torch's fp32 matmul probe "
-            f"{best:.0f} in the same rounds: both prefills are bound by their matmuls' "
-            f"arithmetic, not the memory; the same-round ratios ran {pairs[0]:.2f}-"
-            f"{pairs[-1]:.2f}, {under} of {len(pairs)} at or under 1.0")
+            f"{rate[ours]:.0f} GFLOP/s, llama.cpp {rate[theirs]:.0f}; torch's kernels at "
+            f"{m.get('kernel_probe_shape', 'the largest matmul')} in the same rounds: "
+            f"{kernels}; the same-round ratios ran {pairs[0]:.2f}-{pairs[-1]:.2f}, {under} of "
+            f"{len(pairs)} at or under 1.0")
 
 
 def load_model_for(quick: bool) -> tuple[Any, dict[str, Any]]:
