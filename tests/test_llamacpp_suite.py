@@ -78,6 +78,9 @@ def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
     assert "per-row fbgemm W8A8 20" in notes["scale_int8_agreement_vs_llamacpp_q8"]
     assert "not a quiet machine" in notes["load"]
     assert "load" not in llamacpp.explain(ratios, m, [0.2, 0.4])
+    # after the run the average holds the run's own thread: not someone else's work
+    assert "load" not in llamacpp.explain(ratios, m, [0.1, 1.6])
+    assert "load" in llamacpp.explain(ratios, m, [0.1, 2.7])
     assert "read rates" not in notes["scale_int8_vs_llamacpp_q8_decode"]   # no bytes: none
 
 

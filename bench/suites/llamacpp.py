@@ -602,7 +602,10 @@ _PAIRS = {"scale_fast_vs_llamacpp_f32_decode": ("decode_s", "fast", "llamacpp_f3
 
 def explain(ratios: dict[str, float], m: dict[str, Any],
             load: Sequence[float]) -> dict[str, str]:
-    """A note for each missed goal, with the measurements beside it, and one for the load."""
+    """A note for each missed goal, with the measurements beside it, and one for the load
+    (``load``: the 1-minute averages before and after, judged as every report's ``load`` is:
+    :func:`bench.machine_load.stamp`)."""
+    from ..machine_load import stamp      # here, not at the top: the worker runs as a script
     notes: dict[str, str] = {}
     for name, (key, ours, theirs) in _PAIRS.items():
         if ratios.get(name, 0.0) > GOALS[name]:
@@ -619,9 +622,11 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
             f"(a scale per {GROUP_SIZE} weights, weight-only) kept {kept['int8']} leading ones, "
             f"llama.cpp q8_0 (a scale per 32 weights, activations in q8_0 blocks) "
             f"{kept['llamacpp_q8_0']}; our per-row fbgemm W8A8 {kept['int8_rowwise']}")
-    if load and max(load) > 0.5:
+    judged = stamp(load[0], load[-1]) if load else None    # the after figure holds our thread
+    if judged and judged["busy"]:
         notes["load"] = (f"not a quiet machine: the 1-minute load average was {load[0]} before "
-                         f"and {load[-1]} after (other work shared its cores). Every path was "
+                         f"and {load[-1]} after, busy above {judged['busy_above']} less this "
+                         "run's own thread (other work shared its cores). Every path was "
                          "timed in turns, so each ratio's pairs met the same load, but the "
                          "absolute times are not a quiet machine's")
     return notes
