@@ -190,7 +190,7 @@ peers:
 
 # llama.cpp for `python -m tinyserve bench llamacpp`: llama-cpp-python built from its source
 # distribution for this CPU (a plain CPU build, -march=native; no llava, tools or tests): about
-# 15-35 minutes on 2 cores, most of it llama.cpp's C++. Its GGUF converter ships in the same
+# 10-35 minutes on 2 cores, most of it llama.cpp's C++. Its GGUF converter ships in the same
 # source (vendor/llama.cpp: convert_hf_to_gguf.py with conversion/ and its own gguf-py/) and is
 # unpacked into $(LLAMACPP_DIR)/convert; the suite runs it in $(VENV) (it needs torch and
 # transformers, which `make bench`'s venv has), so this venv holds llama-cpp-python only.
@@ -210,7 +210,7 @@ $(LLAMACPP_DIR)/.stamp:
 	rm -rf $(LLAMACPP_DIR)/sdist $(LLAMACPP_DIR)/convert
 	$(LLAMACPP_DIR)/bin/python -m pip download -q --no-deps --no-binary :all: \
 	  -d $(LLAMACPP_DIR)/sdist "$(LLAMACPP_SPEC)"
-	@echo "building llama-cpp-python from source (15-35 minutes on 2 cores) ..."
+	@echo "building llama-cpp-python from source (10-35 minutes on 2 cores) ..."
 	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 	  $(LLAMACPP_DIR)/bin/python -m pip install -q $(LLAMACPP_DIR)/sdist/llama_cpp_python-*.tar.gz
 	mkdir -p $(LLAMACPP_DIR)/convert

@@ -134,6 +134,24 @@ def test_a_missed_few_row_goal_names_the_kernel_alone() -> None:
     assert "(11.0 against 6.1 GB/s), eager 2.60x" in notes["scale_step_rows4_vs_rows1"]
 
 
+def test_a_missed_mbu_goal_holds_the_one_row_kernel_alone_against_the_probe() -> None:
+    k = {"rows": [1, 5], "weight_bytes": {"down_proj": 45 * 10**6},
+         "ratio": {"down_proj/compiled": 0.7, "down_proj/eager": 2.4},
+         "gb_per_s": {"down_proj/compiled/1": 20.0, "down_proj/compiled/5": 28.0,
+                      "down_proj/eager/1": 24.0, "down_proj/eager/5": 10.0}}
+    m = measurements(linear_rows=k)             # probes: 40 GB/s (loops), 40 (engine)
+    m["loops_step"]["mbu_fast_rounds"] = [0.6, 0.6, 0.6]
+    notes = scale.explain(scale.scale_ratios(m), m)
+    for name in ("scale_decode_mbu_b1", "scale_engine_mbu_b1"):
+        assert ("at 1 row reads compiled 20.0 GB/s (0.50 of the probe), eager 24.0 GB/s "
+                "(0.60 of the probe)") in notes[name]
+        assert "kernel itself streams its weight below the memory's rate" in notes[name]
+    # a kernel that streams near the probe: the shortfall is elsewhere, and the note says so
+    k["gb_per_s"]["down_proj/compiled/1"] = 38.0
+    notes = scale.explain(scale.scale_ratios(m), m)
+    assert "lies outside its matmuls" in notes["scale_engine_mbu_b1"]
+
+
 def test_a_skipped_fast_part_gives_no_ratio() -> None:
     skipped = {"skipped": "failed"}
     ratios = scale.scale_ratios(measurements(speculative_fast=skipped, engine_fast=skipped,

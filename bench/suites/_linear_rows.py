@@ -5,8 +5,8 @@ the matmul kernel itself: a weight read once serves every row, so a kernel that 
 the memory's rate costs about the same at 5 rows as at 1 (``scale_verify_k4_vs_step``,
 ``scale_step_rows4_vs_rows1``, and through them speculation's and the engine's ratios).
 
-Seen while writing it (this host, one thread, a 2048 x 5504 fp32 weight, 45 MB): ``F.linear``
-read at 10.8 GB/s at 1 row and 4.6 at 5 (MKL's sgemm); the weight transposed or the product
+Seen while writing it (a 2-core Xeon with AMX, one thread, a 2048 x 5504 fp32 weight, 45 MB):
+``F.linear`` read at 10.8 GB/s at 1 row and 4.6 at 5 (MKL's sgemm); the weight transposed or the product
 taken as ``W @ x.T`` read at 4.4-8.0 at 5 rows; the compiled recipe 10.6 and 6.0; a
 multiply-and-sum that inductor turns into a reduction 7.1 and 4.3.
 """
@@ -24,7 +24,7 @@ from tinyserve.model import TinyLlama
 
 from ..common import in_turns
 
-__all__ = ["FLUSH_BYTES", "kernel_sentence", "linear_rows"]
+__all__ = ["FLUSH_BYTES", "kernel_sentence", "linear_rows", "one_row_sentence"]
 
 #: Bytes written before each timed call: more than the last-level caches the course has met
 #: (32 and 105 MiB), so the weight comes from memory, as in a decode step.
@@ -103,3 +103,26 @@ def kernel_sentence(k: dict[str, Any], name: str = "down_proj") -> str:
             f"{last} rows, against {first}: " + ", ".join(parts)
             + ": the matmul kernel itself does not stream its weight at the memory's rate "
               "when it serves several rows")
+
+
+#: Where a kernel alone counts as streaming at the memory's rate: this share of the probe's.
+STREAMS_AT = 0.85
+
+
+def one_row_sentence(k: dict[str, Any], probe_gb_per_s: float, name: str = "down_proj") -> str:
+    """What :func:`linear_rows` found for one projection at one row against the read probe,
+    as a clause for a batch-1 MBU note: whether the matmul kernel alone reads at the memory's
+    rate (then the rest of the step is what falls short) or not (then the kernel is)."""
+    first = k["rows"][0]
+    rates = {path: k["gb_per_s"][f"{name}/{path}/{first}"] for path in ("compiled", "eager")
+             if f"{name}/{path}/{first}" in k["gb_per_s"]}
+    read = ", ".join(f"{path} {rate:.1f} GB/s ({rate / probe_gb_per_s:.2f} of the probe)"
+                     for path, rate in rates.items())
+    head = (f"one {name} alone ({k['weight_bytes'][name] / 1e6:.0f} MB, caches flushed) at "
+            f"{first} row reads {read}")
+    if rates.get("compiled", max(rates.values())) < STREAMS_AT * probe_gb_per_s:
+        return head + (": the one-row matmul kernel itself streams its weight below the "
+                       "memory's rate")
+    return head + (": the kernel alone streams near the memory's rate, so the step's shortfall "
+                   "lies outside its matmuls (attention, norms, activations, dispatch)")
+

@@ -673,8 +673,9 @@ def _flop_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
     if key != "prefill_s" or not probes or not flops:
         return ""
     rate = {name: flops / min(m[key][name]) / 1e9 for name in (ours, theirs)}
-    kernels = ", ".join(f"{KERNEL_PROBES.get(name, name)} {p['flops'] / min(p['seconds']) / 1e9:.0f}"
-                        for name, p in probes.items())
+    kernels = ", ".join(
+        f"{KERNEL_PROBES.get(name, name)} {p['flops'] / min(p['seconds']) / 1e9:.0f}"
+        for name, p in probes.items())
     pairs = sorted(a / b for a, b in zip(m[key][ours], m[key][theirs]))
     under = sum(r <= 1.0 for r in pairs)
     return (f"; FLOP rates ({flops / 1e9:.1f} GFLOP over the fastest prefill): ours "

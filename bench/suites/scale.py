@@ -88,7 +88,7 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
-from ._linear_rows import kernel_sentence, linear_rows
+from ._linear_rows import kernel_sentence, linear_rows, one_row_sentence
 from ._loops_step import loops_step_in_turns
 from ._prepare_repeat import prepare_repeat
 from ..common import (QUICK_CONFIG, clock, cold_compiles, in_turns, interleaved_seconds,
@@ -807,9 +807,11 @@ def loops_step_notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"{bw['max']:.1f}) taken in turns with it: {floor:.1f} ms at that rate, so "
             f"{ms['fast_1'] - floor:.1f} ms of the step is not reading at the probe's rate "
             f"(per round: {_spread(p['mbu_fast_rounds'])}; eager's MBU "
-            f"{p['mbu_eager']:.2f}): attention, norms and activations on the same thread, and "
-            f"matmul kernels reading below a long-row matvec's rate (this run does not split "
-            f"the two; a profile would)")
+            f"{p['mbu_eager']:.2f})" + (
+                f"; {one_row_sentence(m['linear_rows'], bw['median'])}" if "linear_rows" in m
+                else ": attention, norms and activations on the same thread, and matmul "
+                     "kernels reading below a long-row matvec's rate (this run does not split "
+                     "the two)"))
     if "scale_step_rows4_vs_rows1" in missed:
         four, one = sweep[4], sweep[1]
         roof4 = max(four["memory_bound_ms"], four["compute_bound_ms"])
@@ -894,7 +896,8 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"({b1['decode_step_ms'] - loops:+.2f} ms: the engine's step is a compile of its "
             f"own, with its paged gather and its own autotuned kernel choices, plus the host "
             f"work around it: its inputs' copy into the static buffers, sampling, the "
-            f"read-back)")
+            f"read-back)" + (f"; {one_row_sentence(m['linear_rows'], b1['probe_gb_per_s'])}"
+                             if "linear_rows" in m else ""))
     if "scale_engine_throughput_4_vs_1" in missed and "steps" in e:
         one, four = e["steps"]["1"], e["steps"]["4"]
         sweep = {r["rows"]: r for r in m["sweep"]}
