@@ -173,7 +173,7 @@ def test_each_missed_fast_goal_has_a_note_naming_the_measurements_beside_it() ->
     assert "(its rounds 20.0 to 40.0)" in notes["scale_decode_mbu_b1"]    # the probe's
     assert "(per round: 1.60 to 1.70)" in notes["scale_step_rows4_vs_rows1"]
     assert "1.25x" in notes["scale_engine_throughput_4_vs_1"]             # 4-row / 1-row step
-    assert "FX graph cache" in notes["scale_prepare_repeat_s"]
+    assert "FX graph cache cannot pickle" in notes["scale_prepare_repeat_s"]
     assert "14.0 s of it is beyond the trace" in notes["scale_prepare_repeat_s"]
 
 

@@ -77,8 +77,8 @@ def test_fast_replay_drafter_gives_the_targets_greedy_tokens(traced: Path) -> No
 
 def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
         traced: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A one-row step keeps its frozen weights plain (fast.PREPACK_FROM_ROWS), so its compile
-    # must know its rows: the loops' decode buckets, each verify and draft width, the
+    # Whether a step packs its frozen weights depends on its rows (fast.PREPACK_FROM_ROWS), so
+    # its compile must know them: the loops' decode buckets, each verify and draft width, the
     # engine's buckets.
     import contextlib
     rows: list[int] = []
@@ -102,13 +102,20 @@ def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
     assert sorted(set(rows)) == [1, 4]
 
 
-def test_only_a_one_row_step_keeps_its_weights_unpacked() -> None:
+def test_a_step_packs_its_weights_from_prepack_from_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     import torch._inductor.config as inductor_config
-    seen = {}
-    for rows in (None, 1, 2, 5):
-        with fast.compile_settings(True, rows):
-            seen[rows] = (inductor_config.freezing, inductor_config.cpp.weight_prepack)
-    assert seen == {None: (True, True), 1: (True, False), 2: (True, True), 5: (True, True)}
+
+    def seen() -> dict[int | None, tuple[bool, bool]]:
+        out = {}
+        for rows in (None, 1, 2, 5):
+            with fast.compile_settings(True, rows):
+                out[rows] = (inductor_config.freezing, inductor_config.cpp.weight_prepack)
+        return out
+    assert fast.PREPACK_FROM_ROWS == 1                       # today every step packs
+    assert seen() == {None: (True, True), 1: (True, True), 2: (True, True), 5: (True, True)}
+    monkeypatch.setattr(fast, "PREPACK_FROM_ROWS", 2)        # a machine where plain one-row wins
+    assert seen() == {None: (True, True), 1: (True, False), 2: (True, True), 5: (True, True)}
     assert inductor_config.cpp.weight_prepack and not inductor_config.freezing   # put back
 
 

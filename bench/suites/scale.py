@@ -916,9 +916,9 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"the second process took {r['second_s']:.1f} s against the first's "
             f"{r['first_s']:.1f} s, and tracing the same shape alone (TorchDynamo, no "
             f"inductor) {r['trace_s']:.1f} s; {r['second_s'] - r['trace_s']:.1f} s of it is "
-            f"beyond the trace: inductor's reload of the graph from its FX graph cache (a "
-            f"one-row step keeps its frozen weights plain so that the cache can hold it: "
-            f"tinyserve.backends.fast.PREPACK_FROM_ROWS) and the step's first run")
+            f"beyond the trace: inductor lowers the graph again (its FX graph cache cannot "
+            f"pickle the packed weights, tinyserve.backends.fast.PREPACK_FROM_ROWS) with the "
+            f"built kernels and the autotuner's timings read back, and the step's first run")
     return notes
 
 

@@ -28,13 +28,11 @@ bucket x a cache window for decode; one per width for speculation), tens of seco
 minutes on two cores. :func:`prepare` compiles exactly the shapes a run needs, up front, with
 a progress bar, and returns what each took; the compiled kernels go to a persistent folder
 (:func:`inductor_cache`: ``<cache>/inductor/torch-<version>-cold``), so a second process
-compiles from them. A step of one row keeps its frozen weights plain (:data:`PREPACK_FROM_ROWS`),
-so inductor's whole-graph (FX graph) cache holds it and a repeat reloads the graph; a step of
-several rows packs them for MKL, which that cache cannot pickle, so its repeat still traces
-and lowers the graph and reuses only the built C++ kernels and the autotuner's timings.
-The scale model's batch-1 step (window 128, one thread, 2-core Xeon with AMX): its compile
-took 40 s in a first process and 7.5-8.4 s in the next (``prepare`` in fresh processes, its
-trace included: 38-43 s and 10.0-10.3 s); packed, before, 75 s and 20-21 s.
+compiles from them. Every step packs its frozen weights (:data:`PREPACK_FROM_ROWS`), which
+inductor's whole-graph (FX graph) cache cannot pickle, so a repeat still traces and lowers the
+graph and reuses the built C++ kernels and the autotuner's timings. A plain one-row step would
+be reloaded whole from that cache, but on one of the course's machines it ran 1.6x slower
+(see :data:`PREPACK_FROM_ROWS`): the learner's step time comes first.
 
 Frozen weights are a copy: a decoder is kept per model *and* per weight version (every
 parameter's in-place version counter), so changing a weight in place (loading a checkpoint,
@@ -103,7 +101,7 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
     max-autotune's GEMM choices are inductor's C++ template and ATen's MKL linear over the
     packed weights (``_mkl_linear``), nothing else (Triton is a GPU backend). ``rows``: how
     many rows each matmul of the step serves (a decode bucket, a pass's width); below
-    :data:`PREPACK_FROM_ROWS` the weights are not packed for MKL (see there).
+    :data:`PREPACK_FROM_ROWS` the weights would stay plain (see there: today none does).
 
     Why both, measured: on the machine the course was first timed on (2-core Xeon, 32 MiB L3)
     the autotuner picked the template at every linear of the scale model (e.g. 1.5 against
@@ -134,16 +132,17 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
 
 
 #: The fewest rows a compiled step's matmuls serve for which freezing packs the weights for
-#: MKL's linear (inductor's ``cpp.weight_prepack``); a one-row step keeps them plain, so
-#: ATen's choice is the plain ``mm`` over them. Measured on the scale model
-#: (2-core Xeon with AMX, one thread, 11 rounds in turns, two copies of the model in one
-#: process): the packed weights are ``mkldnn`` tensors (opaque layouts), which inductor's FX graph
-#: cache cannot pickle ("Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"), so
-#: a second process lowers the whole graph again: the batch-1 step prepared in 75 s cold and
-#: 20-21 s from the cache folder packed, 40 s and 7.5-8.4 s (a cache hit) plain, and its step
-#: took 0.96x the packed one's time (rounds 0.86-1.07). From two rows on packing pays: a
-#: 5-token verify pass took 1.76x as long plain (rounds 1.63-1.96), 4 rows 1.00x.
-PREPACK_FROM_ROWS = 2
+#: MKL's linear (inductor's ``cpp.weight_prepack``); below it they stay plain and ATen's choice
+#: is the plain ``mm``. 1: every step packs, and the autotuner chooses between MKL's packed
+#: linear and inductor's C++ template on the learner's machine. Measured on the scale model's
+#: batch-1 step, one thread: on a 2-core Xeon with AMX a plain step took 0.96x the packed one's
+#: time (11 rounds in turns: 0.86-1.07) and, being picklable, reloaded from inductor's FX graph
+#: cache in 7.5-8.4 s against 20-21 s packed (the packed weights are ``mkldnn`` tensors:
+#: "Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"); on a 2-core AMD EPYC
+#: (32 MiB L3) the plain step took 15.8-16.1 ms against 9.7-10.2 packed (two processes each,
+#: alternating), its matmul reading at 0.5 of the memory's rate. Several rows pay on both: a
+#: 5-token verify pass took 1.76x as long plain on the Xeon.
+PREPACK_FROM_ROWS = 1
 
 #: Bytes written before each call the autotuner times on a CPU: more than a last-level cache
 #: holds (the course's machines: 32 and 105 MiB), so the call finds its weights in memory.
