@@ -118,6 +118,13 @@ def test_a_missed_fp32_decode_goal_holds_both_against_the_memory_not_our_own_ste
     assert "ours 4.0 GB/s" in note and "llama.cpp 8.0" in note
     assert "ours at 0.50 of it, llama.cpp at 1.00" in note
     assert "same fp32 bytes" in note and "arithmetic" not in note
+    assert "streams better on this core" in note
+    decode["fast"] = [10.5, 10.5, 10.5]                      # 7.6 GB/s against 8.0: both near
+    m["read_probe_bytes_per_s"] = [8.2e9]                    # the memory (0.93 and 0.98 of it)
+    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
+                                                       "llamacpp_q8_0": 40})
+    note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_fast_vs_llamacpp_f32_decode"]
+    assert "at about the memory's rate" in note and "asks for more than the memory gives" in note
 
 
 def test_prefill_flops_count_the_matmuls_run_one_head_row_and_causal_attention() -> None:

@@ -632,6 +632,10 @@ def explain(ratios: dict[str, float], m: dict[str, Any],
     return notes
 
 
+#: A decode step reading at this share of the read probe or more streams at the memory's rate.
+STREAMING = 0.85
+
+
 def _read_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
     """'; ' and the rate each side read its weights at (bytes over its fastest step) beside
     the memory's (the read probe's best in the same rounds) and, for an 8-bit step, our fp32
@@ -654,6 +658,10 @@ def _read_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
         text += (f", the memory {memory:.1f} (the read probe's best in the same rounds: ours at "
                  f"{rate[ours] / memory:.2f} of it, llama.cpp at {rate[theirs] / memory:.2f})")
     if ours in ("fast", "eager"):
+        if memory and min(rate[ours], rate[theirs]) >= STREAMING * memory:
+            return text + (": both steps stream the same fp32 bytes at about the memory's "
+                           "rate, so on this machine neither can take much less time than "
+                           "the other: the goal asks for more than the memory gives")
         return text + (": both read the same fp32 bytes, so the step that reads nearer the "
                        "memory's rate has the kernel that streams better on this core (ours: "
                        "torch's one-row fp32 matmul)")
