@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tinyserve.backends.compiled import MAX_COMPILED_BATCH, compiled_decoder
+from tinyserve.backends.compiled import MAX_COMPILED_BATCH, CompiledDecoder, compiled_decoder
 from tinyserve.backends.static import StaticKVCache, bucket_for, window_for
 from tinyserve.config import ModelConfig
 from tinyserve.__main__ import main
@@ -94,6 +94,24 @@ def test_compiled_kernels_give_eager_tokens() -> None:
     assert compiled_decoder(model, 1).mode == "default"
     # generate_stream(compile=True), what `generate --compile` runs, reuses that decoder
     assert list(generate_stream(model, prompt, 20, compile=True)) == want[0]
+
+
+def test_a_token_passed_as_a_view_does_not_recompile_the_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A compiled function guards on strides: a token column of a (1, T) tensor (stride T)
+    # after a first step with a fresh token (stride 1) would recompile the step, and a
+    # recompile runs without the settings held around the first one (the fast path's
+    # freezing): slower, silently. CompiledDecoder.step gives its inputs fresh strides.
+    model = sharp_model(ONE_LAYER, seed=7)
+    decoder = CompiledDecoder(model, 1, backend="eager")
+    ids = torch.tensor([random_prompt(64, 12, seed=8)])
+    with torch.no_grad():
+        decoder.prefill(ids[:, :8])
+        first = decoder.step(torch.full((1,), 3), torch.tensor([8]))
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+        later = decoder.step(ids[:, 8], torch.tensor([9]))       # stride 12: a view
+    assert ids[:, 8].stride() != torch.full((1,), 3).stride()
+    assert first.shape == later.shape == (1, model.config.vocab_size)
 
 
 def test_buckets_and_the_limit_are_named() -> None:

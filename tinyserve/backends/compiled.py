@@ -84,9 +84,12 @@ class CompiledDecoder:
     what :mod:`tinyserve.backends.fast` passes for the fastest CPU step, with ``settings``:
     inductor settings held around the first step only, the one that traces and compiles
     (freezing is read while TorchDynamo traces, outside ``torch.compile``'s options; holding
-    the patch around every step would cost ~70 us a step, and a later recompile, which the
-    static shapes rule out, would fail loudly without it rather than run unfrozen). The first :meth:`step` compiles (seconds to a
-    minute); :attr:`compile_seconds` records how long that took. ``backend="eager"`` only
+    the patch around every step would cost ~70 us a step). So no later call may recompile:
+    :meth:`step` hands the step its inputs with fresh contiguous strides, because a compiled
+    function guards on strides too, and a token passed as a column view (stride 40 where the
+    first call's had 1) recompiled the step outside the settings, unfrozen and unpacked: the
+    scale model's batch-1 step then took 16.9 ms against 10.3. The first :meth:`step` compiles
+    (seconds to a minute); :attr:`compile_seconds` records how long that took. ``backend="eager"`` only
     traces (TorchDynamo, no code generation): it checks in seconds that the step is one graph
     with static shapes, and runs it op by op.
     """
@@ -139,6 +142,9 @@ class CompiledDecoder:
         The logits live in the CUDA graph's output buffer, which the next step overwrites:
         a copy is returned so callers may keep them."""
         first = self.compile_seconds is None
+        # The same strides at every call, whatever view the caller holds (see the class).
+        tokens = tokens.clone(memory_format=torch.contiguous_format)
+        positions = positions.clone(memory_format=torch.contiguous_format)
         start = time.perf_counter()
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
