@@ -96,8 +96,7 @@ def test_compiled_kernels_give_eager_tokens() -> None:
     assert list(generate_stream(model, prompt, 20, compile=True)) == want[0]
 
 
-def test_a_token_passed_as_a_view_does_not_recompile_the_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_token_passed_as_a_view_does_not_recompile_the_step() -> None:
     # A compiled function guards on strides: a token column of a (1, T) tensor (stride T)
     # after a first step with a fresh token (stride 1) would recompile the step, and a
     # recompile runs without the settings held around the first one (the fast path's
@@ -108,8 +107,8 @@ def test_a_token_passed_as_a_view_does_not_recompile_the_step(
     with torch.no_grad():
         decoder.prefill(ids[:, :8])
         first = decoder.step(torch.full((1,), 3), torch.tensor([8]))
-        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-        later = decoder.step(ids[:, 8], torch.tensor([9]))       # stride 12: a view
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            later = decoder.step(ids[:, 8], torch.tensor([9]))   # stride 12: a view
     assert ids[:, 8].stride() != torch.full((1,), 3).stride()
     assert first.shape == later.shape == (1, model.config.vocab_size)
 
