@@ -393,7 +393,8 @@ class TinyLlama(nn.Module):
             x = layer(x, positions, cos, sin, cache, contiguous, masks)
         # The last layer's MLP runs only for the positions whose logits are asked for: nothing
         # after it reads the others (their keys and values are cached by its attention). For a
-        # prompt that is most of a layer's FLOPs saved; llama.cpp's graphs do the same
+        # prompt that saves the MLP's share of the last layer's matmul FLOPs (about three
+        # quarters in the course's models); llama.cpp's graphs do the same
         # (ggml_get_rows on inp_out_ids before the last layer's feed-forward).
         x = last(x, positions, cos, sin, cache, contiguous, masks, keep=logits_at)
         return fused_linear(self.model.norm(x), self, (self.lm_head,))[0].float()

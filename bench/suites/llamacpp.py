@@ -162,10 +162,15 @@ def agreement(reference: Sequence[Sequence[int]], candidate: Sequence[Sequence[i
     return sum(leading_agreement(r, c) for r, c in zip(reference, candidate))
 
 
+def same_round_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """numerator / denominator of each round, same-round pairs, sorted."""
+    return sorted(a / b for a, b in zip(numerator, denominator, strict=True))
+
+
 def median_pair_ratio(numerator: Sequence[float], denominator: Sequence[float]) -> float:
     """The median over rounds of numerator / denominator, same-round pairs (as
     :func:`bench.common.median_ratio`; here without torch, for the tests)."""
-    pairs = sorted(a / b for a, b in zip(numerator, denominator, strict=True))
+    pairs = same_round_ratios(numerator, denominator)
     mid = len(pairs) // 2
     return pairs[mid] if len(pairs) % 2 else (pairs[mid - 1] + pairs[mid]) / 2
 
@@ -684,7 +689,7 @@ def _flop_rates(m: dict[str, Any], key: str, ours: str, theirs: str) -> str:
     kernels = ", ".join(
         f"{KERNEL_PROBES.get(name, name)} {p['flops'] / min(p['seconds']) / 1e9:.0f}"
         for name, p in probes.items())
-    pairs = sorted(a / b for a, b in zip(m[key][ours], m[key][theirs]))
+    pairs = same_round_ratios(m[key][ours], m[key][theirs])
     under = sum(r <= 1.0 for r in pairs)
     return (f"; FLOP rates ({flops / 1e9:.1f} GFLOP over the fastest prefill): ours "
             f"{rate[ours]:.0f} GFLOP/s, llama.cpp {rate[theirs]:.0f}; torch's kernels at "

@@ -88,7 +88,7 @@ class CompiledDecoder:
     :meth:`step` hands the step its inputs with fresh contiguous strides, because a compiled
     function guards on strides too, and a token passed as a column view (stride 40 where the
     first call's had 1) recompiled the step outside the settings, unfrozen and unpacked: the
-    scale model's batch-1 step then took 16.9 ms against 10.3. The first :meth:`step` compiles
+    scale model's batch-1 step then took 16.9 ms against 10.3 (2-core AMD EPYC, one thread). The first :meth:`step` compiles
     (seconds to a minute); :attr:`compile_seconds` records how long that took.
     ``backend="eager"`` only traces (TorchDynamo, no code generation): it checks in seconds
     that the step is one graph with static shapes, and runs it op by op.
