@@ -162,10 +162,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 @pytest.fixture
 def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The fast path traced only (its one knob, ``tinyserve.backends.fast.CPU_RECIPE``: the
-    loops' plumbing in seconds, no code generation), its persistent cache in a temporary
-    folder; that folder. The real recipe has tests of its own (tests/test_fast_path.py)."""
+    loops' plumbing in seconds, no code generation), its eager passes on packed weights
+    whatever measures faster (so every test runs the packed linears against eager), its
+    persistent cache in a temporary folder; that folder. The real recipe has tests of its
+    own (tests/test_fast_path.py)."""
     from tinyserve.backends import fast
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager"))
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "packed"))
     monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     return tmp_path

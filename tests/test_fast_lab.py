@@ -63,18 +63,20 @@ def test_prepare_for_chapter_says_the_mode_and_splits_a_pass_set(
     first = fast_lab.prepare_for_chapter(model, [verify], "tiny", only=[1], progress=False)
     out = capsys.readouterr().out
     assert "quick mode" in out and "tiny, window 128" in out and "now the widths 1" in out
-    assert [c.label for c in first] == ["pass width 1 x window 128"] and first[0].compiled
+    # the prefill's weights are packed with the first cell's widths, once
+    assert [c.label for c in first] == ["pass width 1 x window 128", fast.PACK_LABEL]
+    assert all(c.compiled for c in first)
     rest = fast_lab.prepare_for_chapter(model, [verify], "tiny", only=[1, 2, 3], progress=False)
-    assert [c.compiled for c in rest] == [False, True, True]   # width 1 held from the first call
+    assert [c.compiled for c in rest] == [False, True, True, False]   # width 1 held, packed
     held = fast_lab.prepare_for_chapter(model, [verify], "tiny", progress=False)
-    assert [c.compiled for c in held] == [False, False, False]
+    assert [c.compiled for c in held] == [False, False, False, False]
     capsys.readouterr()
     # chapter 8's last split cell with quick mode's k = 1: no width of its own, nothing run
     assert fast_lab.prepare_for_chapter(model, [fast_lab.spec_shapes(1)[0]], "tiny",
                                         only=[3], progress=False) == []
     assert "nothing left to prepare in this cell" in capsys.readouterr().out
     decode = fast_lab.prepare_for_chapter(model, fast_lab.decode_shapes([1]), progress=False)
-    assert [c.label for c in decode] == ["decode batch 1 x window 128"]
+    assert [c.label for c in decode] == ["decode batch 1 x window 128", fast.PACK_LABEL]
     monkeypatch.setenv(fast_lab.QUICK_ENV, "0")
     fast_lab.prepare_for_chapter(model, fast_lab.decode_shapes([1]), progress=False)
     assert "full mode" in capsys.readouterr().out

@@ -124,7 +124,8 @@ def test_prepare_compiles_the_shapes_a_run_needs_once(traced: Path) -> None:
     shapes = [fast.Shape(20, batch=3), fast.verify_shape(2, 20)]
     first = prepare(model, shapes, progress=False)
     assert [c.label for c in first] == ["decode batch 3 x window 64", "pass width 1 x window 64",
-                                        "pass width 2 x window 64", "pass width 3 x window 64"]
+                                        "pass width 2 x window 64", "pass width 3 x window 64",
+                                        fast.PACK_LABEL]     # the prefill's weights, packed
     assert all(c.compiled and c.seconds > 0 for c in first)
     assert not any(c.compiled for c in prepare(model, shapes, progress=False))   # held
     # the loops find what was prepared: the prepared decoder serves a batch of 3
@@ -329,10 +330,10 @@ def test_the_fast_engine_prepares_its_shapes_once_and_runs_on_them(traced: Path)
     assert engine.executor.graphs.graphs == {}          # nothing compiled at start-up on a CPU
     costs = engine.prepare(rows=(1, 3, 4), tokens=40, progress=False)
     assert [c.label for c in costs] == ["engine decode 1 rows x 16 blocks",
-                                        "engine decode 4 rows x 16 blocks"]
+                                        "engine decode 4 rows x 16 blocks", fast.PACK_LABEL]
     assert all(c.compiled and c.seconds > 0 for c in costs)
     again = engine.prepare(rows=(1,), tokens=40, progress=False)
-    assert [(c.seconds, c.compiled) for c in again] == [(0.0, False)]
+    assert [(c.seconds, c.compiled) for c in again] == [(0.0, False), (0.0, False)]
     made = engine.executor.graphs.captures
     prompts = [random_prompt(96, n, seed=n) for n in (5, 9, 4)]
     seqs = [engine.add_request(p, 10) for p in prompts]
@@ -377,7 +378,9 @@ def test_a_new_fast_engine_reuses_the_compiled_steps_of_one_that_is_gone(traced:
     del first, alive
     again = Engine(model, config)                        # gone: its compiled steps are lent
     assert again.executor.graphs is steps
-    assert [c.compiled for c in again.prepare(rows=(2,), tokens=30, progress=False)] == [False]
+    # the step and the prefill's packed weights: both held
+    assert [c.compiled for c in again.prepare(rows=(2,), tokens=30, progress=False)] == \
+        [False, False]
     seqs = [again.add_request(p, 9) for p in prompts]
     again.run()
     assert [s.output_ids for s in seqs] == want and steps.captures == 1

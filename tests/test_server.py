@@ -276,6 +276,8 @@ def test_chat_must_end_with_a_user_message(server) -> None:
 
 def test_models_health_and_metrics(server) -> None:
     url, _ = server
+    # a completion of its own, so the labelled counter exists whichever tests ran before
+    _client(url).completions.create(model="target", prompt=PROMPT, max_tokens=2)
     models = _client(url).models.list()
     assert [m.id for m in models.data] == ["target"]
     assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"

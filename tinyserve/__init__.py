@@ -29,7 +29,8 @@ One request (chapters 0-2)
                     ``spec_graphs`` (speculation's passes), ``decoder_cache`` (the bounded,
                     least recently used first out cache of built decoders), ``fast`` (what
                     ``fast=True`` runs here: the graphs on CUDA, the step compiled with the
-                    fastest settings on a CPU; its kernel cache and ``prepare``)
+                    fastest settings on a CPU; its kernel cache and ``prepare``), ``packed``
+                    (the eager passes' linears over weights packed once for oneDNN)
     graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles

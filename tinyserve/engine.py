@@ -25,6 +25,8 @@ weights), each shape compiled by :meth:`Engine.prepare` or, failing that, at its
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import time
 import weakref
@@ -36,7 +38,7 @@ import torch
 
 from .block_manager import BlockManager
 from .backends.cuda_graph import EngineGraphs
-from .backends.fast import ShapeCost, engine_steps
+from .backends.fast import ShapeCost, eager_passes, engine_steps, prepare_eager
 from .device import upload
 from .generate import PromptError, check_prompt
 from .model import TinyLlama
@@ -130,7 +132,11 @@ class ModelExecutor:
                 model, num_blocks, block_size, max_num_seqs, cache=cache_dir())
             self.cache = self.graphs.cache
             weakref.finalize(self, setattr, self.graphs, "in_use", False)
+            # Prefill and mixed steps stay eager: on the fast path's linears (packed weights
+            # where that measured faster here).
+            self._eager = functools.partial(eager_passes, model)
             return
+        self._eager = contextlib.nullcontext
         self.cache = PagedKVCache(model.config, num_blocks, block_size,
                                   device=model.device, dtype=model.dtype, scratch=graph)
         self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture) \
@@ -172,7 +178,9 @@ class ModelExecutor:
         layout = self.cache.prepare(rows)
         sampled = [seq for seq, row in zip(batch.seqs, rows) if row.sample]
         # positions=None: the paged cache hands the model the positions it was prepared with.
-        logits = self.model(layout.input_ids, None, self.cache, logits_at=layout.logits_at)[0]
+        with self._eager():
+            logits = self.model(layout.input_ids, None, self.cache,
+                                logits_at=layout.logits_at)[0]
         tokens = iter(sample_rows(logits, [seq.sampling for seq in sampled],
                                   [self._generator(seq) for seq in sampled]).tolist()
                       if sampled else [])             # the step's one read from the device
@@ -258,8 +266,13 @@ class Engine:
             raise ValueError(f"tokens={tokens}: a request holds 1 to {self.context_window} "
                              f"positions (the context window)")
         done = graphs.prepare(list(rows), tokens, progress=progress)
-        return [ShapeCost(f"engine decode {b} rows x {n} blocks", s, s > 0)
-                for (b, n), s in done.items()]
+        costs = [ShapeCost(f"engine decode {b} rows x {n} blocks", s, s > 0)
+                 for (b, n), s in done.items()]
+        if self.config.fast:     # the prefill's weights, where its linears run packed here
+            packing = prepare_eager(getattr(self.executor, "model"),
+                                    say=print if progress else None)
+            costs += [packing] if packing is not None else []
+        return costs
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], max_tokens: int, *,

@@ -23,6 +23,7 @@ run needs up front, with a progress bar.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 
@@ -124,6 +125,16 @@ def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor | None,
                   cache)[:, -1]
 
 
+def eager_passes(model: TinyLlama, fast: bool) -> contextlib.AbstractContextManager:
+    """What a loop holds around its eager passes (the prefill): with ``fast``, the fast
+    path's (:func:`tinyserve.backends.fast.eager_passes`: on a CPU, linears over weights
+    packed once where that measured faster), otherwise nothing."""
+    if not fast:
+        return contextlib.nullcontext()
+    from .backends.fast import eager_passes as fast_eager_passes
+    return fast_eager_passes(model)
+
+
 def _decode_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,
                  use_cache: bool) -> tuple[bool, bool]:
     """(compile, graph) as asked, contradictions named (both sides). ``graph`` defaults to
@@ -221,12 +232,13 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     try:
         trace.prefill_start = clock(device)
         last = torch.tensor([len(prompt_ids) - 1], device=device)
-        if graphed is not None:
-            logits = graphed.prefill(ids, [len(prompt_ids)])
-        elif cache is not None:
-            logits = prefill(model, ids, cache, logits_at=last)[:, -1]
-        else:
-            logits = model(ids, logits_at=last)[:, -1]
+        with eager_passes(model, fast):
+            if graphed is not None:
+                logits = graphed.prefill(ids, [len(prompt_ids)])
+            elif cache is not None:
+                logits = prefill(model, ids, cache, logits_at=last)[:, -1]
+            else:
+                logits = model(ids, logits_at=last)[:, -1]
         trace.prefill_end = clock(device)
         position = len(prompt_ids)
         trace.finish_reason = "length" if steps == max_tokens else "window"
@@ -309,19 +321,20 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     graphed, decoder, cache = _admit_batch(model, B, max(lengths) + steps, use_cache, graph,
                                            compiled)
     try:
-        if graphed is not None:
-            logits = graphed.prefill(padded, lengths)
-        elif decoder is not None:
-            logits, feed = _bucket_prefill(decoder, padded, lengths)
-        elif cache is not None:
-            # Only the rows' last prompt positions are scored, each distinct one once (prompts
-            # of one length share it): (B, distinct, vocab), row b's at [b, which[b]].
-            ends, which = _distinct_ends(lengths, device)
-            logits = prefill(model, padded, cache, logits_at=ends)[rows, which]
-            cache.rewind(lengths)
-        else:
-            seqs = [list(p) for p in prompts]
-            logits = model(padded)[rows, last]
+        with eager_passes(model, fast):
+            if graphed is not None:
+                logits = graphed.prefill(padded, lengths)
+            elif decoder is not None:
+                logits, feed = _bucket_prefill(decoder, padded, lengths)
+            elif cache is not None:
+                # Only the rows' last prompt positions are scored, each distinct one once
+                # (equal lengths share it): (B, distinct, vocab), row b's at [b, which[b]].
+                ends, which = _distinct_ends(lengths, device)
+                logits = prefill(model, padded, cache, logits_at=ends)[rows, which]
+                cache.rewind(lengths)
+            else:
+                seqs = [list(p) for p in prompts]
+                logits = model(padded)[rows, last]
         out: list[list[int]] = [[] for _ in range(B)]
         done = [False] * B
         for step in range(steps):

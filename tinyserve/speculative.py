@@ -31,7 +31,7 @@ from torch import Tensor
 from .backends.spec_graphs import StaticPasses, static_passes
 from .backends.static import window_for
 from .device import upload
-from .generate import check_prompt, decode_step, extend, prefill
+from .generate import check_prompt, decode_step, eager_passes, extend, prefill
 from .kv_cache import KVCache
 from .model import TinyLlama
 from .paths import cache_dir
@@ -204,7 +204,8 @@ class ModelDrafter:
             self.passes = _passes(self.model, max_total, self.WIDTHS, self.fast)
             self.passes.reset()
             if len(prompt_ids) > 1:
-                self.passes.prefill(upload(prompt_ids[:-1], self.model.device)[None])
+                with eager_passes(self.model, self.fast):
+                    self.passes.prefill(upload(prompt_ids[:-1], self.model.device)[None])
             return
         self.cache = KVCache.for_model(self.model, 1, max_total)
         if len(prompt_ids) > 1:  # hold all but the last token, like the target's cache
@@ -387,7 +388,8 @@ class SpeculativeDecoder:
             # (and from an n-gram drafter), each width its own graph.
             self.passes = _passes(self.target, max_total, range(1, self.k + 2), self.fast)
             self.passes.reset()
-            logits = self.passes.prefill(ids)
+            with eager_passes(self.target, self.fast):
+                logits = self.passes.prefill(ids)
         else:
             self.cache = KVCache.for_model(self.target, 1, max_total)
             # Plain decoding's prefill: the vocabulary is scored at the last position only.

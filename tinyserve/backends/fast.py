@@ -23,6 +23,13 @@ eager step is the reference every test compares it with, token for token.
   66 s cold against 61 s with the patch held around the whole compile (mode
   "max-autotune"), a step 0.437 against 0.430 ms, the same 32 greedy tokens as eager.
 
+- **The eager passes** (a prefill, whose rows change with every prompt; the engine's prefill
+  and mixed steps) stay eager on both; on a CPU their fp32 linears run on weights packed once
+  for oneDNN (:mod:`~tinyserve.backends.packed`, :func:`eager_passes`) where that measured
+  faster than ``F.linear`` on this machine (:func:`eager_kernels`, once a process). On a
+  2-core AMD EPYC it did by 2.4x at 64 rows, and the scale model's 128-token prefill took
+  79 ms against 162 (one thread); :func:`prepare` says which won and packs the weights.
+
 What it costs, and how a run lives with it: each shape is a compile of its own (a batch
 bucket x a cache window for decode; one per width for speculation), tens of seconds to
 minutes on two cores. :func:`prepare` compiles exactly the shapes a run needs, up front, with
@@ -49,6 +56,7 @@ from pathlib import Path
 import statistics
 import time
 from typing import Any
+import weakref
 
 import torch
 from torch import Tensor
@@ -58,26 +66,40 @@ from .compiled import MAX_COMPILED_BATCH, CompiledDecoder, compiled_decoder, com
 from ..paged import PagedKVCache
 from .cuda_graph import EngineGraphs, graph_decoder
 from .decoder_cache import DecoderCache
+from . import packed
 from .spec_graphs import StaticPasses, static_passes
 from .static import bucket_for, window_for
 
-__all__ = ["CPU_RECIPE", "FASTEST", "INDUCTOR_FOLDER", "PREPACK_FROM_ROWS", "CompiledStep",
-           "Recipe", "Shape",
-           "ShapeCost", "cold_benchmarks", "compile_settings", "draft_shape", "engine_steps",
+__all__ = ["CPU_RECIPE", "EAGER_LINEARS", "FASTEST", "INDUCTOR_FOLDER", "PACK_LABEL",
+           "PREPACK_FROM_ROWS", "CompiledStep", "Recipe", "Shape",
+           "ShapeCost", "cold_benchmarks", "compile_settings", "draft_shape", "eager_kernels",
+           "eager_passes", "engine_steps", "prepare_eager",
            "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
 @dataclass(frozen=True)
 class Recipe:
     """How the CPU fast path compiles: ``torch.compile``'s ``options`` and whether
     :func:`compile_settings` (freezing, the GEMM choices) is held around the compile;
-    ``backend``: torch.compile's (``"eager"`` only traces: the plumbing in seconds)."""
+    ``backend``: torch.compile's (``"eager"`` only traces: the plumbing in seconds).
+    ``eager_linears``: what the eager passes' linears run on (the prefill, the engine's mixed
+    steps: :func:`eager_passes`): ``"measured"`` (the faster here, :func:`eager_kernels`),
+    ``"packed"`` (oneDNN over weights packed once) or ``"plain"`` (``F.linear``)."""
     options: tuple[tuple[str, Any], ...]
     freezing: bool
     backend: str = "inductor"
+    eager_linears: str = "measured"
+
+    def __post_init__(self) -> None:
+        if self.eager_linears not in EAGER_LINEARS:
+            raise ValueError(f"eager_linears must be one of {', '.join(EAGER_LINEARS)}, "
+                             f"not {self.eager_linears!r}")
 
     def compile_options(self) -> dict[str, Any] | None:
         return dict(self.options) if self.backend == "inductor" else None
 
+
+#: What :attr:`Recipe.eager_linears` may be.
+EAGER_LINEARS = ("measured", "packed", "plain")
 
 #: The fastest CPU step: mode "max-autotune" spelled as its options (``torch.compile`` takes
 #: a mode or options, not both; the mode's third, ``triton.cudagraphs``, is CUDA's), with
@@ -260,6 +282,81 @@ def _settings(recipe: Recipe, rows: int):
     return functools.partial(compile_settings, True, rows) if recipe.freezing else None
 
 
+# ------------------------------------------------------------------ the eager passes
+
+#: The measured choice for each weight shape (:func:`eager_kernels`), once a process.
+_EAGER_KERNELS: dict[tuple, packed.KernelTimes] = {}
+#: Each model's :class:`~tinyserve.backends.packed.PackedLinears`: its packed copies are
+#: kept from one request's prefill to the next.
+_PACKED_MODES: "weakref.WeakKeyDictionary[TinyLlama, packed.PackedLinears]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _packs(model: TinyLlama) -> bool:
+    """Whether ``model``'s eager passes can run on packed copies at all: fp32 on a CPU whose
+    torch has oneDNN's linear, every linear a plain ``nn.Linear`` (an int8 model's layers
+    make a float weight per call: nothing to pack once)."""
+    return (model.device.type == "cpu" and model.dtype == torch.float32 and packed.available()
+            and not any(b.dtype == torch.int8 for b in model.buffers()))
+
+
+def eager_kernels(model: TinyLlama) -> packed.KernelTimes:
+    """``F.linear`` against oneDNN's packed linear, timed once a process at the widest weight
+    of ``model``'s first layer (its MLP's up projection) and :data:`~tinyserve.backends.packed.
+    PROBE_ROWS` rows, caches flushed (:func:`tinyserve.backends.packed.measure`: half a second
+    or so); kept per weight shape and thread count."""
+    weight = model.model.layers[0].mlp.up_proj.weight
+    key = (tuple(weight.shape), weight.dtype, torch.get_num_threads())
+    if key not in _EAGER_KERNELS:
+        _EAGER_KERNELS[key] = packed.measure(weight)
+    return _EAGER_KERNELS[key]
+
+
+def eager_passes(model: TinyLlama) -> contextlib.AbstractContextManager:
+    """What the loops hold around an eager pass on the fast path (a prefill; the engine's
+    prefill and mixed steps): on a CPU, :class:`~tinyserve.backends.packed.PackedLinears`
+    where :data:`CPU_RECIPE` says so (by default: where it measured faster, :func:`
+    eager_kernels`), else nothing. On CUDA, for bf16 models and int8 ones: nothing."""
+    choice = CPU_RECIPE.eager_linears
+    if not _packs(model) or choice == "plain":
+        return contextlib.nullcontext()
+    if choice == "measured" and eager_kernels(model).winner != "packed":
+        return contextlib.nullcontext()
+    mode = _PACKED_MODES.get(model)
+    if mode is None:
+        mode = _PACKED_MODES[model] = packed.PackedLinears()
+    return mode
+
+
+#: The label of the packing step in :func:`prepare`'s costs.
+PACK_LABEL = "prefill weights packed for oneDNN"
+
+
+@torch.inference_mode()
+def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None) \
+        -> ShapeCost | None:
+    """Before the first request: measure the eager passes' two kernels (the recipe's
+    ``"measured"``, once a process), ``say`` which won and by how much, and where the packed
+    one did, pack the weights a prefill reads (a two-token pass without a cache: every layer's
+    projections; the last layer's MLP and the LM head serve one row a prompt, so they stay
+    plain). Returns the packing's cost (None where nothing is packed here)."""
+    if not _packs(model) or CPU_RECIPE.eager_linears == "plain":
+        return None
+    start = time.perf_counter()
+    if say is not None and CPU_RECIPE.eager_linears == "measured":
+        say(eager_kernels(model).sentence())
+    mode = eager_passes(model)
+    if not isinstance(mode, packed.PackedLinears):
+        return None
+    held = mode.packed
+    pad = model.config.pad_token_id
+    with mode:
+        model(torch.full((1, 2), pad, device=model.device),
+              logits_at=torch.tensor([1], device=model.device))
+    fresh = mode.packed > held
+    return ShapeCost(PACK_LABEL, time.perf_counter() - start if fresh else 0.0, fresh)
+
+
 class CompiledStep:
     """One of the engine's decode steps (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`:
     one batch bucket of ``rows`` x blocks per row, on the paged pool's static buffers)
@@ -413,6 +510,12 @@ def prepare(model: TinyLlama, shapes: Iterable[Shape], *, progress: bool = True,
                 if progress:
                     bar.write(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)"))
                 bar.update()
+        packing = prepare_eager(model, say=bar.write if progress else None)
+    if packing is not None:
+        costs.append(packing)
+        if progress:
+            print(f"{packing.label}: {packing.seconds:.1f} s"
+                  + ("" if packing.compiled else " (held)"))
     return costs
 
 

@@ -119,6 +119,9 @@ def prepare_for_chapter(model: TinyLlama, shapes: Sequence[Shape], name: str = "
         costs = prepare(model, shapes, progress=progress)
     else:
         costs = [cost for s in shapes for cost in _prepare_widths(model, s, widths)]
+        from ..backends.fast import prepare_eager
+        packing = prepare_eager(model, say=print if progress else None)   # as prepare() does
+        costs += [packing] if packing is not None else []
     fresh = sum(c.compiled for c in costs)
     print(f"prepared in {time.perf_counter() - start:.0f} s ({fresh} of {len(costs)} "
           f"function(s) built in this process, the rest held already)", flush=True)
