@@ -229,7 +229,9 @@ def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
     prompt = random_prompt(64, 5, seed=6)
     want = generate(model, prompt, 20, graph=False).tokens
     costs = prepare(model, [fast.Shape(25)], progress=False)
-    assert [c.label for c in costs] == ["decode batch 1 x window 32"] and costs[0].compiled
+    assert costs[0].label == "decode batch 1 x window 32" and costs[0].compiled
+    # then the prefill's packed weights, where a packed pass measured faster here
+    assert [c.label for c in costs[1:]] in ([], [fast.PACK_LABEL])
     assert generate(model, prompt, 20, fast=True).tokens == want
     folder = tmp_path / "inductor" / fast.INDUCTOR_FOLDER
     assert any(p.is_file() for p in folder.rglob("*"))           # the kernels, kept on disk

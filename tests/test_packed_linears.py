@@ -73,25 +73,37 @@ def test_autograd_runs_the_plain_linears() -> None:
     assert mode.packed == 0 and model.model.layers[0].mlp.down_proj.weight.grad is not None
 
 
-@pytest.mark.parametrize("winner", ["packed", "plain"])
-def test_the_measured_choice_decides_what_the_loops_hold(
-        traced: Path, monkeypatch: pytest.MonkeyPatch, winner: str) -> None:
+def test_packed_passes_start_where_they_win_at_every_larger_size() -> None:
+    def times(packed_ms):
+        return packed.PassTimes((4, 16, 64), (2.0, 4.0, 8.0), packed_ms, "2 layers")
+    assert times((3.0, 3.0, 5.0)).from_rows == 16       # loses at 4 tokens, wins from 16
+    assert times((1.0, 3.0, 5.0)).from_rows == 4
+    assert times((1.0, 3.0, 9.0)).from_rows is None     # loses at the largest: never
+    assert times((3.0, 5.0, 9.0)).from_rows is None
+    said = times((3.0, 3.0, 5.0)).sentence()
+    assert "packed once from 16 tokens a pass" in said and "4 tokens 3.0 against 2.0 ms" in said
+    assert "plain F.linear at every size" in times((3.0, 5.0, 9.0)).sentence()
+
+
+@pytest.mark.parametrize("start", [16, None], ids=["from 16 tokens", "never"])
+def test_the_measured_pass_sizes_decide_what_the_loops_hold(
+        traced: Path, monkeypatch: pytest.MonkeyPatch, start: int | None) -> None:
     monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "measured"))
-    times = packed.KernelTimes(plain_ms=2.0 if winner == "packed" else 1.0, packed_ms=1.5,
-                               shape="64 x 32 -> 64")
-    monkeypatch.setattr(packed, "measure", lambda weight, *a, **k: times)
+    wins = (5.0, 3.0, 5.0) if start else (5.0, 5.0, 9.0)
+    times = packed.PassTimes((4, 16, 64), (4.0, 4.0, 8.0), wins, "2 layers")
+    monkeypatch.setattr(packed, "measure", lambda model, *a, **k: times)
     monkeypatch.setattr(fast, "_EAGER_KERNELS", {})
     model = sharp_model(SMALL, seed=9)
-    held = fast.eager_passes(model)
-    assert isinstance(held, packed.PackedLinears) == (winner == "packed")
+    assert not isinstance(fast.eager_passes(model, 15), packed.PackedLinears)
+    assert isinstance(fast.eager_passes(model, 16), packed.PackedLinears) == bool(start)
     said: list[str] = []
     cost = fast.prepare_eager(model, say=said.append)
-    kernel = "oneDNN's linear over weights packed once" if winner == "packed" else "F.linear"
-    assert len(said) == 1 and kernel in said[0] and "64 x 32 -> 64" in said[0]
-    assert (cost is not None and cost.label == fast.PACK_LABEL) == (winner == "packed")
-    prompt = random_prompt(96, 10, seed=10)
-    assert generate(model, prompt, 12, fast=True).tokens == \
-        generate(model, prompt, 12, graph=False).tokens
+    assert said == [times.sentence()]
+    assert (cost is not None and cost.label == fast.PACK_LABEL) == bool(start)
+    for n in (6, 20):                                           # a prompt each side of 16
+        prompt = random_prompt(96, n, seed=n)
+        assert generate(model, prompt, 12, fast=True).tokens == \
+            generate(model, prompt, 12, graph=False).tokens
 
 
 def test_the_fast_loops_prefill_on_packed_weights_with_eager_tokens(traced: Path) -> None:
@@ -116,15 +128,19 @@ def test_the_fast_loops_prefill_on_packed_weights_with_eager_tokens(traced: Path
 def test_int8_models_and_plain_recipes_hold_nothing(traced: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     int8 = quantize_model(sharp_model(SMALL, seed=12))
-    assert not isinstance(fast.eager_passes(int8), packed.PackedLinears)
+    assert not isinstance(fast.eager_passes(int8, 64), packed.PackedLinears)
     assert fast.prepare_eager(int8) is None
     monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "plain"))
-    assert not isinstance(fast.eager_passes(sharp_model(SMALL, seed=13)), packed.PackedLinears)
+    assert not isinstance(fast.eager_passes(sharp_model(SMALL, seed=13), 64),
+                          packed.PackedLinears)
     with pytest.raises(ValueError, match="eager_linears must be one of measured, packed, plain"):
         fast.Recipe((), False, "eager", "onednn")
 
 
-def test_measure_times_both_kernels_on_the_weight_it_is_given() -> None:
-    times = packed.measure(torch.randn(48, 32), rows=4, repeats=2)
-    assert times.shape == "4 x 32 -> 48" and times.plain_ms > 0 and times.packed_ms > 0
-    assert times.winner == ("packed" if times.packed_ms < times.plain_ms else "plain")
+def test_measure_times_whole_passes_both_ways_and_keeps_the_copies() -> None:
+    model = sharp_model(SMALL, seed=17)
+    mode = packed.PackedLinears()
+    times = packed.measure(model, rows=(2, 8), repeats=1, mode=mode)
+    assert times.rows == (2, 8) and len(times.plain_ms) == len(times.packed_ms) == 2
+    assert all(t > 0 for t in (*times.plain_ms, *times.packed_ms))
+    assert times.shape == "2 layers, up_proj 32 -> 64" and mode.packed == 6

@@ -136,7 +136,7 @@ class ModelExecutor:
             # where that measured faster here).
             self._eager = functools.partial(eager_passes, model)
             return
-        self._eager = contextlib.nullcontext
+        self._eager = lambda tokens: contextlib.nullcontext()
         self.cache = PagedKVCache(model.config, num_blocks, block_size,
                                   device=model.device, dtype=model.dtype, scratch=graph)
         self.graphs = EngineGraphs(model, self.cache, max_num_seqs, capture=capture) \
@@ -178,7 +178,7 @@ class ModelExecutor:
         layout = self.cache.prepare(rows)
         sampled = [seq for seq, row in zip(batch.seqs, rows) if row.sample]
         # positions=None: the paged cache hands the model the positions it was prepared with.
-        with self._eager():
+        with self._eager(layout.input_ids.numel()):
             logits = self.model(layout.input_ids, None, self.cache,
                                 logits_at=layout.logits_at)[0]
         tokens = iter(sample_rows(logits, [seq.sampling for seq in sampled],

@@ -125,14 +125,14 @@ def decode_step(model: TinyLlama, tokens: Tensor, positions: Tensor | None,
                   cache)[:, -1]
 
 
-def eager_passes(model: TinyLlama, fast: bool) -> contextlib.AbstractContextManager:
-    """What a loop holds around its eager passes (the prefill): with ``fast``, the fast
-    path's (:func:`tinyserve.backends.fast.eager_passes`: on a CPU, linears over weights
-    packed once where that measured faster), otherwise nothing."""
+def eager_passes(model: TinyLlama, fast: bool, ids: Tensor) -> contextlib.AbstractContextManager:
+    """What a loop holds around an eager pass over ``ids`` (the prefill): with ``fast``, the
+    fast path's (:func:`tinyserve.backends.fast.eager_passes`: on a CPU, linears over weights
+    packed once where that measured faster for a pass of this size), otherwise nothing."""
     if not fast:
         return contextlib.nullcontext()
     from .backends.fast import eager_passes as fast_eager_passes
-    return fast_eager_passes(model)
+    return fast_eager_passes(model, ids.numel())
 
 
 def _decode_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,
@@ -232,7 +232,7 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
     try:
         trace.prefill_start = clock(device)
         last = torch.tensor([len(prompt_ids) - 1], device=device)
-        with eager_passes(model, fast):
+        with eager_passes(model, fast, ids):
             if graphed is not None:
                 logits = graphed.prefill(ids, [len(prompt_ids)])
             elif cache is not None:
@@ -321,7 +321,7 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     graphed, decoder, cache = _admit_batch(model, B, max(lengths) + steps, use_cache, graph,
                                            compiled)
     try:
-        with eager_passes(model, fast):
+        with eager_passes(model, fast, padded):
             if graphed is not None:
                 logits = graphed.prefill(padded, lengths)
             elif decoder is not None:

@@ -204,8 +204,9 @@ class ModelDrafter:
             self.passes = _passes(self.model, max_total, self.WIDTHS, self.fast)
             self.passes.reset()
             if len(prompt_ids) > 1:
-                with eager_passes(self.model, self.fast):
-                    self.passes.prefill(upload(prompt_ids[:-1], self.model.device)[None])
+                ids = upload(prompt_ids[:-1], self.model.device)[None]
+                with eager_passes(self.model, self.fast, ids):
+                    self.passes.prefill(ids)
             return
         self.cache = KVCache.for_model(self.model, 1, max_total)
         if len(prompt_ids) > 1:  # hold all but the last token, like the target's cache
@@ -388,7 +389,7 @@ class SpeculativeDecoder:
             # (and from an n-gram drafter), each width its own graph.
             self.passes = _passes(self.target, max_total, range(1, self.k + 2), self.fast)
             self.passes.reset()
-            with eager_passes(self.target, self.fast):
+            with eager_passes(self.target, self.fast, ids):
                 logits = self.passes.prefill(ids)
         else:
             self.cache = KVCache.for_model(self.target, 1, max_total)

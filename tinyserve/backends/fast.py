@@ -25,10 +25,10 @@ eager step is the reference every test compares it with, token for token.
 
 - **The eager passes** (a prefill, whose rows change with every prompt; the engine's prefill
   and mixed steps) stay eager on both; on a CPU their fp32 linears run on weights packed once
-  for oneDNN (:mod:`~tinyserve.backends.packed`, :func:`eager_passes`) where that measured
-  faster than ``F.linear`` on this machine (:func:`eager_kernels`, once a process). On a
-  2-core AMD EPYC it did by 2.4x at 64 rows, and the scale model's 128-token prefill took
-  79 ms against 162 (one thread); :func:`prepare` says which won and packs the weights.
+  for oneDNN (:mod:`~tinyserve.backends.packed`, :func:`eager_passes`) from the pass size
+  where that measured faster than ``F.linear`` on this machine (:func:`eager_kernels`, once a
+  process). On a 2-core AMD EPYC the scale model's 128-token prefill took 79 ms against 162
+  (one thread); :func:`prepare` says from which size and packs the weights.
 
 What it costs, and how a run lives with it: each shape is a compile of its own (a batch
 bucket x a cache window for decode; one per width for speculation), tens of seconds to
@@ -82,7 +82,8 @@ class Recipe:
     :func:`compile_settings` (freezing, the GEMM choices) is held around the compile;
     ``backend``: torch.compile's (``"eager"`` only traces: the plumbing in seconds).
     ``eager_linears``: what the eager passes' linears run on (the prefill, the engine's mixed
-    steps: :func:`eager_passes`): ``"measured"`` (the faster here, :func:`eager_kernels`),
+    steps: :func:`eager_passes`): ``"measured"`` (from the pass size where that measured
+    faster here, :func:`eager_kernels`),
     ``"packed"`` (oneDNN over weights packed once) or ``"plain"`` (``F.linear``)."""
     options: tuple[tuple[str, Any], ...]
     freezing: bool
@@ -284,8 +285,8 @@ def _settings(recipe: Recipe, rows: int):
 
 # ------------------------------------------------------------------ the eager passes
 
-#: The measured choice for each weight shape (:func:`eager_kernels`), once a process.
-_EAGER_KERNELS: dict[tuple, packed.KernelTimes] = {}
+#: The measured pass sizes for each model shape (:func:`eager_kernels`), once a process.
+_EAGER_KERNELS: dict[tuple, packed.PassTimes] = {}
 #: Each model's :class:`~tinyserve.backends.packed.PackedLinears`: its packed copies are
 #: kept from one request's prefill to the next.
 _PACKED_MODES: "weakref.WeakKeyDictionary[TinyLlama, packed.PackedLinears]" = \
@@ -294,38 +295,48 @@ _PACKED_MODES: "weakref.WeakKeyDictionary[TinyLlama, packed.PackedLinears]" = \
 
 def _packs(model: TinyLlama) -> bool:
     """Whether ``model``'s eager passes can run on packed copies at all: fp32 on a CPU whose
-    torch has oneDNN's linear, every linear a plain ``nn.Linear`` (an int8 model's layers
-    make a float weight per call: nothing to pack once)."""
+    torch has oneDNN's linear, and no int8 layer (those make a float weight per call:
+    nothing to pack once)."""
     return (model.device.type == "cpu" and model.dtype == torch.float32 and packed.available()
             and not any(b.dtype == torch.int8 for b in model.buffers()))
 
 
-def eager_kernels(model: TinyLlama) -> packed.KernelTimes:
-    """``F.linear`` against oneDNN's packed linear, timed once a process at the widest weight
-    of ``model``'s first layer (its MLP's up projection) and :data:`~tinyserve.backends.packed.
-    PROBE_ROWS` rows, caches flushed (:func:`tinyserve.backends.packed.measure`: half a second
-    or so); kept per weight shape and thread count."""
-    weight = model.model.layers[0].mlp.up_proj.weight
-    key = (tuple(weight.shape), weight.dtype, torch.get_num_threads())
-    if key not in _EAGER_KERNELS:
-        _EAGER_KERNELS[key] = packed.measure(weight)
-    return _EAGER_KERNELS[key]
-
-
-def eager_passes(model: TinyLlama) -> contextlib.AbstractContextManager:
-    """What the loops hold around an eager pass on the fast path (a prefill; the engine's
-    prefill and mixed steps): on a CPU, :class:`~tinyserve.backends.packed.PackedLinears`
-    where :data:`CPU_RECIPE` says so (by default: where it measured faster, :func:`
-    eager_kernels`), else nothing. On CUDA, for bf16 models and int8 ones: nothing."""
-    choice = CPU_RECIPE.eager_linears
-    if not _packs(model) or choice == "plain":
-        return contextlib.nullcontext()
-    if choice == "measured" and eager_kernels(model).winner != "packed":
-        return contextlib.nullcontext()
+def _mode(model: TinyLlama) -> packed.PackedLinears:
     mode = _PACKED_MODES.get(model)
     if mode is None:
         mode = _PACKED_MODES[model] = packed.PackedLinears()
     return mode
+
+
+def eager_kernels(model: TinyLlama) -> packed.PassTimes:
+    """``model``'s eager pass timed plain and on packed weights at
+    :data:`~tinyserve.backends.packed.PROBE_ROWS` tokens (:func:`tinyserve.backends.packed.
+    measure`, caches flushed: a second or so on the scale model), once a process per model
+    shape and thread count; its ``from_rows`` is where the packed pass starts to win."""
+    cfg = model.config
+    key = (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size,
+           model.dtype, torch.get_num_threads())
+    if key not in _EAGER_KERNELS:
+        _EAGER_KERNELS[key] = packed.measure(model, mode=_mode(model))
+        if _EAGER_KERNELS[key].from_rows is None:
+            _PACKED_MODES.pop(model, None)         # never used: its copies go
+    return _EAGER_KERNELS[key]
+
+
+def eager_passes(model: TinyLlama, tokens: int) -> contextlib.AbstractContextManager:
+    """What the loops hold around an eager pass of ``tokens`` tokens on the fast path (a
+    prefill; the engine's prefill and mixed steps): on a CPU,
+    :class:`~tinyserve.backends.packed.PackedLinears` where :data:`CPU_RECIPE` says so (by
+    default: from the pass size where it measured faster, :func:`eager_kernels`), else
+    nothing. On CUDA, for bf16 models and int8 ones: nothing."""
+    choice = CPU_RECIPE.eager_linears
+    if not _packs(model) or choice == "plain":
+        return contextlib.nullcontext()
+    if choice == "measured":
+        start = eager_kernels(model).from_rows
+        if start is None or tokens < start:
+            return contextlib.nullcontext()
+    return _mode(model)
 
 
 #: The label of the packing step in :func:`prepare`'s costs.
@@ -335,23 +346,25 @@ PACK_LABEL = "prefill weights packed for oneDNN"
 @torch.inference_mode()
 def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None) \
         -> ShapeCost | None:
-    """Before the first request: measure the eager passes' two kernels (the recipe's
-    ``"measured"``, once a process), ``say`` which won and by how much, and where the packed
-    one did, pack the weights a prefill reads (a two-token pass without a cache: every layer's
-    projections; the last layer's MLP and the LM head serve one row a prompt, so they stay
-    plain). Returns the packing's cost (None where nothing is packed here)."""
+    """Before the first request: measure the eager passes both ways (the recipe's
+    ``"measured"``, once a process: it packs the weights as it times them), ``say`` from
+    which pass size the packed one won, and where it did at all, pack the weights a prefill
+    reads (a two-token pass: every layer's projections; the last layer's MLP and the LM head
+    serve one row a prompt, so they stay plain). Returns what that cost (None where nothing
+    is packed here)."""
     if not _packs(model) or CPU_RECIPE.eager_linears == "plain":
         return None
     start = time.perf_counter()
-    if say is not None and CPU_RECIPE.eager_linears == "measured":
-        say(eager_kernels(model).sentence())
-    mode = eager_passes(model)
-    if not isinstance(mode, packed.PackedLinears):
-        return None
+    mode = _mode(model)
     held = mode.packed
-    pad = model.config.pad_token_id
+    if CPU_RECIPE.eager_linears == "measured":
+        measured = eager_kernels(model)
+        if say is not None:
+            say(measured.sentence())
+        if measured.from_rows is None:
+            return None
     with mode:
-        model(torch.full((1, 2), pad, device=model.device),
+        model(torch.full((1, 2), model.config.pad_token_id, device=model.device),
               logits_at=torch.tensor([1], device=model.device))
     fresh = mode.packed > held
     return ShapeCost(PACK_LABEL, time.perf_counter() - start if fresh else 0.0, fresh)

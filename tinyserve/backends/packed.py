@@ -10,11 +10,15 @@ and every later call reads it as it is (``torch.ops.mkldnn._linear_pointwise``),
 rows. Inductor itself takes that pair for bf16 and fp16 weights and for a batch it cannot
 fix at compile time (``_inductor/fx_passes/mkldnn_fusion.py``); for fp32 it prefers MKL's.
 
-Which of the two is faster depends on the CPU, so the fast path measures (:func:`measure`)
-and keeps the winner (:mod:`~tinyserve.backends.fast`'s ``eager_passes``). Measured on a 2-core
-AMD EPYC (Zen 5, one thread, a 5504 x 2048 fp32 weight read from memory): oneDNN's packed
-linear ran 2.3-2.5x as fast as ``F.linear`` at every row count from 2 to 512 (225 against 96
-GFLOP/s at 128 rows); at one row the two were within 20%.
+Which of the two is faster depends on the CPU and the model, so the fast path measures whole
+passes both ways (:func:`measure`) and packs from the pass size where that won
+(:mod:`~tinyserve.backends.fast`'s ``eager_passes``). Measured on a 2-core AMD EPYC (Zen 5, one
+thread, a 5504 x 2048 fp32 weight read from memory): oneDNN's packed linear ran 2.3-2.5x as
+fast as ``F.linear`` at every row count from 2 to 512 (225 against 96 GFLOP/s at 128 rows); at
+one row the two were within 20%. The mode costs each operation of a pass a few microseconds
+of Python, so on the course's small models a pass of a few tokens loses (there, the shipped
+target's 3-token pass took 2.8 ms packed against 2.2 plain, its 64-token pass 5.5 against
+8.6) and on the draft model plain won at every size.
 
 :class:`PackedLinears` is a :class:`~torch.overrides.TorchFunctionMode`: while it is held,
 every fp32 CPU linear or matmul against a 2-D weight, with at least ``min_rows`` rows, runs on
@@ -34,15 +38,16 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["KernelTimes", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "available", "measure"]
+__all__ = ["MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes", "available", "measure"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
 #: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
 #: 20% of each other there, and packing the LM head would hold another copy of the largest
 #: weight for it.
 MIN_ROWS = 2
-#: The rows :func:`measure` times the two kernels at: a short prompt's prefill.
-PROBE_ROWS = 64
+
+#: The rows a weight is packed for (a hint: the copy serves any number of rows).
+HINT_ROWS = 64
 
 _MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__}
 
@@ -71,7 +76,7 @@ class PackedLinears(TorchFunctionMode):
     made on first use and kept per weight tensor and version: a weight changed in place is
     packed again, and a copy goes when its weight does. ``packed``: how many copies are held."""
 
-    def __init__(self, min_rows: int = MIN_ROWS, hint_rows: int = PROBE_ROWS) -> None:
+    def __init__(self, min_rows: int = MIN_ROWS, hint_rows: int = HINT_ROWS) -> None:
         super().__init__()
         self.min_rows, self.hint_rows = min_rows, hint_rows
         # weight -> (its version when packed, the packed copy); one map per layout, as
@@ -108,47 +113,79 @@ class PackedLinears(TorchFunctionMode):
 
 
 @dataclass(frozen=True)
-class KernelTimes:
-    """One fp32 linear timed both ways (:func:`measure`): milliseconds a call, caches flushed
-    before each, median of the calls; ``shape``: rows x in -> out."""
-    plain_ms: float
-    packed_ms: float
+class PassTimes:
+    """A model's eager pass timed both ways (:func:`measure`) at each of ``rows`` tokens:
+    milliseconds a pass, plain ``F.linear`` and under :class:`PackedLinears`, caches flushed
+    before each pass, median of the repeats; ``shape``: the model's widest linear."""
+    rows: tuple[int, ...]
+    plain_ms: tuple[float, ...]
+    packed_ms: tuple[float, ...]
     shape: str
 
     @property
-    def winner(self) -> str:
-        return "packed" if self.packed_ms < self.plain_ms else "plain"
+    def from_rows(self) -> int | None:
+        """The fewest rows from which the packed pass won at every probe (None: at none).
+        The mode costs every operation of a pass a little Python, so on a small model a
+        pass of few rows can lose what its matmuls gain."""
+        start = None
+        for rows, plain, packed_ms in reversed(list(zip(self.rows, self.plain_ms,
+                                                        self.packed_ms))):
+            if packed_ms >= plain:
+                break
+            start = rows
+        return start
 
     def sentence(self) -> str:
-        kernel = ("oneDNN's linear over weights packed once" if self.winner == "packed"
-                  else "F.linear on the plain weights")
-        return (f"eager passes (prefill): {kernel}; measured at {self.shape}, fp32: packed "
-                f"{self.packed_ms:.2f} ms, F.linear {self.plain_ms:.2f} ms a call "
-                f"({self.plain_ms / self.packed_ms:.2f}x)")
+        timed = ", ".join(f"{r} tokens {b:.1f} against {a:.1f} ms"
+                          for r, a, b in zip(self.rows, self.plain_ms, self.packed_ms))
+        rule = ("plain F.linear at every size" if self.from_rows is None else
+                f"oneDNN's linear over weights packed once from {self.from_rows} tokens a pass")
+        return (f"eager passes (prefill): {rule}; a pass packed against plain, caches flushed "
+                f"({self.shape}, fp32): {timed}")
 
 
-#: Bytes written before each timed call: more than a last-level cache holds, so the weight
-#: comes from memory as in a real pass (the course's machines: 32 and 105 MiB).
+#: Bytes written before each timed pass: more than a last-level cache holds, so the weights
+#: come from memory as in a real pass (the course's machines: 32 and 105 MiB).
 FLUSH_BYTES = 256 * 2**20
+#: The pass sizes :func:`measure` times: a short prompt's few tokens, to a prefill's many.
+PROBE_ROWS = (4, 16, 64)
 
 
-@torch.no_grad()
-def measure(weight: Tensor, rows: int = PROBE_ROWS, repeats: int = 5) -> KernelTimes:
-    """Time ``F.linear`` on ``weight`` (out, in) against oneDNN's linear on its packed copy,
-    ``rows`` rows of input, the two in turns, each call after the caches are flushed."""
-    weight = weight.detach()
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    packed = _pack(weight, rows)
+@torch.inference_mode()
+def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3,
+            mode: PackedLinears | None = None) -> PassTimes:
+    """Time ``model``'s eager pass (no cache, the last position's logits) of each of ``rows``
+    pad tokens (at most its context window), plain and under ``mode`` (default: a new :class:`PackedLinears`; its copies
+    are made before timing and kept), the two in turns, the caches flushed before each pass:
+    the whole pass, so the mode's cost per operation is counted with its matmuls' gain."""
+    config = model.config
+    device = next(model.parameters()).device
+    rows = tuple(sorted({min(r, config.max_position_embeddings) for r in rows}))
+    mode = PackedLinears() if mode is None else mode
     flush = torch.empty(FLUSH_BYTES // 4)
-    calls = {"plain": lambda: F.linear(x, weight), "packed": lambda: _linear(x, packed, None)}
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    for fn in calls.values():
-        fn()                                   # the first call pays for anything lazy
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            flush.fill_(1.0)
-            start = time.perf_counter()
-            fn()
-            seconds[name].append(time.perf_counter() - start)
-    plain, packed_ms = (1e3 * statistics.median(seconds[n]) for n in ("plain", "packed"))
-    return KernelTimes(plain, packed_ms, f"{rows} x {weight.shape[1]} -> {weight.shape[0]}")
+    plain_ms, packed_ms = [], []
+    for r in rows:
+        ids = torch.full((1, r), config.pad_token_id, device=device)
+        last = torch.tensor([r - 1], device=device)
+
+        def plain() -> None:
+            model(ids, logits_at=last)
+
+        def packed() -> None:
+            with mode:
+                model(ids, logits_at=last)
+        seconds: dict[Any, list[float]] = {plain: [], packed: []}
+        for fn in seconds:
+            fn()                               # the first call pays for anything lazy
+        for _ in range(repeats):
+            for fn, runs in seconds.items():
+                flush.fill_(1.0)
+                start = time.perf_counter()
+                fn()
+                runs.append(time.perf_counter() - start)
+        plain_ms.append(1e3 * statistics.median(seconds[plain]))
+        packed_ms.append(1e3 * statistics.median(seconds[packed]))
+    up = model.model.layers[0].mlp.up_proj
+    return PassTimes(tuple(rows), tuple(plain_ms), tuple(packed_ms),
+                     f"{config.num_hidden_layers} layers, up_proj {up.in_features} -> "
+                     f"{up.out_features}")
