@@ -20,15 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from tinyserve.backends.packed import FLUSH_BYTES   # the one flush size: caches out
 from tinyserve.model import TinyLlama
 
 from ..common import in_turns
 
 __all__ = ["FLUSH_BYTES", "kernel_sentence", "linear_rows", "one_row_sentence"]
 
-#: Bytes written before each timed call: more than the last-level caches the course has met
-#: (32 and 105 MiB), so the weight comes from memory, as in a decode step.
-FLUSH_BYTES = 256 * 2**20
 
 
 def _cold(fn: Callable[[], Any], flush: torch.Tensor) -> Callable[[], float]:

@@ -67,6 +67,7 @@ from ..paged import PagedKVCache
 from .cuda_graph import EngineGraphs, graph_decoder
 from .decoder_cache import DecoderCache
 from . import packed
+from .packed import FLUSH_BYTES
 from .spec_graphs import StaticPasses, static_passes
 from .static import bucket_for, window_for
 
@@ -167,9 +168,6 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
 #: 5-token verify pass took 1.76x as long plain on the Xeon.
 PREPACK_FROM_ROWS = 1
 
-#: Bytes written before each call the autotuner times on a CPU: more than a last-level cache
-#: holds (the course's machines: 32 and 105 MiB), so the call finds its weights in memory.
-FLUSH_BYTES = 256 * 2**20
 #: Timed calls per choice (the median is kept), each after a flush.
 COLD_REPEATS = 7
 

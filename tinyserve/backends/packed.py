@@ -7,8 +7,9 @@ request, so it runs eagerly, and eager ``F.linear`` on a CPU is MKL's ``sgemm`` 
 weight: it re-lays the weight out in every call. oneDNN offers the other way: the weight
 reordered once into the kernel's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``)
 and every later call reads it as it is (``torch.ops.mkldnn._linear_pointwise``), whatever the
-rows. Inductor itself takes that pair for bf16 and fp16 weights and for a batch it cannot
-fix at compile time (``_inductor/fx_passes/mkldnn_fusion.py``); for fp32 it prefers MKL's.
+rows. Inductor itself takes that pair for bf16 and fp16 weights, under ACL (Arm) or AOT
+compilation, and for a batch it cannot fix at compile time (torch 2.13's
+``_inductor/fx_passes/mkldnn_fusion.py``); for fp32 it prefers MKL's.
 
 Which of the two is faster depends on the CPU and the model, so the fast path measures whole
 passes both ways (:func:`measure`) and packs from the pass size where that won
@@ -38,7 +39,8 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes", "available", "measure"]
+__all__ = ["FLUSH_BYTES", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes", "available",
+           "measure"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
 #: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
@@ -144,8 +146,10 @@ class PassTimes:
                 f"({self.shape}, fp32): {timed}")
 
 
-#: Bytes written before each timed pass: more than a last-level cache holds, so the weights
-#: come from memory as in a real pass (the course's machines: 32 and 105 MiB).
+#: Bytes written before each timed call or pass on a CPU (here, the autotuner's in
+#: :mod:`~tinyserve.backends.fast`, ``bench scale``'s kernel probes): more than a last-level
+#: cache holds (the course's machines: 32 and 105 MiB), so the weights come from memory, as
+#: in a decode step or a prefill.
 FLUSH_BYTES = 256 * 2**20
 #: The pass sizes :func:`measure` times: a short prompt's few tokens, to a prefill's many.
 PROBE_ROWS = (4, 16, 64)
