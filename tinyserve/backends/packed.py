@@ -159,9 +159,10 @@ PROBE_ROWS = (4, 16, 64)
 def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3,
             mode: PackedLinears | None = None) -> PassTimes:
     """Time ``model``'s eager pass (no cache, the last position's logits) of each of ``rows``
-    pad tokens (at most its context window), plain and under ``mode`` (default: a new :class:`PackedLinears`; its copies
-    are made before timing and kept), the two in turns, the caches flushed before each pass:
-    the whole pass, so the mode's cost per operation is counted with its matmuls' gain."""
+    pad tokens (at most its context window), plain and under ``mode`` (default: a new
+    :class:`PackedLinears`; its copies are made before timing and kept), the two in turns,
+    the caches flushed before each pass: the whole pass, so the mode's cost per operation is
+    counted with its matmuls' gain."""
     config = model.config
     device = next(model.parameters()).device
     rows = tuple(sorted({min(r, config.max_position_embeddings) for r in rows}))
