@@ -144,3 +144,27 @@ def test_measure_times_whole_passes_both_ways_and_keeps_the_copies() -> None:
     assert times.rows == (2, 8) and len(times.plain_ms) == len(times.packed_ms) == 2
     assert all(t > 0 for t in (*times.plain_ms, *times.packed_ms))
     assert times.shape == "2 layers, up_proj 32 -> 64" and mode.packed == 6
+
+
+def test_the_measurement_is_kept_for_the_next_process_on_this_machine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = sharp_model(SMALL, seed=18)
+    calls: list[int] = []
+    times = packed.PassTimes((4, 16, 64), (4.0, 4.0, 8.0), (5.0, 3.0, 5.0), "2 layers")
+
+    def timed(m, *a, **k):
+        calls.append(1)
+        return times
+    monkeypatch.setattr(packed, "measure", timed)
+    assert packed.measure_kept(model, tmp_path) == times and len(calls) == 1
+    assert (tmp_path / packed.KEPT_FILE).is_file()
+    assert packed.measure_kept(model, tmp_path) == times and len(calls) == 1   # read back
+    other = sharp_model(replace(SMALL, num_hidden_layers=1), seed=18)            # its own
+    packed.measure_kept(other, tmp_path)
+    assert len(calls) == 2
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)                     # another run
+    packed.measure_kept(model, tmp_path)
+    assert len(calls) == 3
+    (tmp_path / packed.KEPT_FILE).write_text("{not json")                        # measured over
+    assert packed.measure_kept(model, tmp_path) == times and len(calls) == 4
+    assert packed.measure_kept(model, None) == times and len(calls) == 5          # not kept

@@ -134,7 +134,7 @@ class ModelExecutor:
             weakref.finalize(self, setattr, self.graphs, "in_use", False)
             # Prefill and mixed steps stay eager: on the fast path's linears (packed weights
             # where that measured faster here).
-            self._eager = functools.partial(eager_passes, model)
+            self._eager = functools.partial(eager_passes, model, cache=cache_dir())
             return
         self._eager = lambda tokens: contextlib.nullcontext()
         self.cache = PagedKVCache(model.config, num_blocks, block_size,
@@ -270,7 +270,7 @@ class Engine:
                  for (b, n), s in done.items()]
         if self.config.fast:     # the prefill's weights, where its linears run packed here
             packing = prepare_eager(getattr(self.executor, "model"),
-                                    say=print if progress else None)
+                                    say=print if progress else None, cache=cache_dir())
             costs += [packing] if packing is not None else []
         return costs
 

@@ -132,7 +132,7 @@ def eager_passes(model: TinyLlama, fast: bool, ids: Tensor) -> contextlib.Abstra
     if not fast:
         return contextlib.nullcontext()
     from .backends.fast import eager_passes as fast_eager_passes
-    return fast_eager_passes(model, ids.numel())
+    return fast_eager_passes(model, ids.numel(), cache=cache_dir())
 
 
 def _decode_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,

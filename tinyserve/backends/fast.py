@@ -306,32 +306,37 @@ def _mode(model: TinyLlama) -> packed.PackedLinears:
     return mode
 
 
-def eager_kernels(model: TinyLlama) -> packed.PassTimes:
+def eager_kernels(model: TinyLlama, cache: Path | None = None) -> packed.PassTimes:
     """``model``'s eager pass timed plain and on packed weights at
     :data:`~tinyserve.backends.packed.PROBE_ROWS` tokens (:func:`tinyserve.backends.packed.
-    measure`, caches flushed: a second or so on the scale model), once a process per model
-    shape and thread count; its ``from_rows`` is where the packed pass starts to win."""
+    measure`, caches flushed: a second or so on the scale model), once per model shape and
+    thread count: kept in this process, and in ``cache``'s kernel folder
+    (:func:`inductor_cache`: per torch version) for the next; its ``from_rows`` is where the
+    packed pass starts to win."""
     cfg = model.config
     key = (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size,
            model.dtype, torch.get_num_threads())
     if key not in _EAGER_KERNELS:
-        _EAGER_KERNELS[key] = packed.measure(model, mode=_mode(model))
+        _EAGER_KERNELS[key] = packed.measure_kept(model, inductor_cache(cache),
+                                                  mode=_mode(model))
         if _EAGER_KERNELS[key].from_rows is None:
             _PACKED_MODES.pop(model, None)         # never used: its copies go
     return _EAGER_KERNELS[key]
 
 
-def eager_passes(model: TinyLlama, tokens: int) -> contextlib.AbstractContextManager:
+def eager_passes(model: TinyLlama, tokens: int, *,
+                 cache: Path | None = None) -> contextlib.AbstractContextManager:
     """What the loops hold around an eager pass of ``tokens`` tokens on the fast path (a
     prefill; the engine's prefill and mixed steps): on a CPU,
     :class:`~tinyserve.backends.packed.PackedLinears` where :data:`CPU_RECIPE` says so (by
     default: from the pass size where it measured faster, :func:`eager_kernels`), else
-    nothing. On CUDA, for bf16 models and int8 ones: nothing."""
+    nothing. On CUDA, for bf16 models and int8 ones: nothing. ``cache``: where the
+    measurement is kept (:func:`eager_kernels`)."""
     choice = CPU_RECIPE.eager_linears
     if not _packs(model) or choice == "plain":
         return contextlib.nullcontext()
     if choice == "measured":
-        start = eager_kernels(model).from_rows
+        start = eager_kernels(model, cache).from_rows
         if start is None or tokens < start:
             return contextlib.nullcontext()
     return _mode(model)
@@ -342,21 +347,21 @@ PACK_LABEL = "prefill weights packed for oneDNN"
 
 
 @torch.inference_mode()
-def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None) \
-        -> ShapeCost | None:
+def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None,
+                  cache: Path | None = None) -> ShapeCost | None:
     """Before the first request: measure the eager passes both ways (the recipe's
     ``"measured"``, once a process: it packs the weights as it times them), ``say`` from
     which pass size the packed one won, and where it did at all, pack the weights a prefill
     reads (a two-token pass: every layer's projections; the last layer's MLP and the LM head
     serve one row a prompt, so they stay plain). Returns what that cost (None where nothing
-    is packed here)."""
+    is packed here). ``cache``: where the measurement is kept (:func:`eager_kernels`)."""
     if not _packs(model) or CPU_RECIPE.eager_linears == "plain":
         return None
     start = time.perf_counter()
     mode = _mode(model)
     held = mode.packed
     if CPU_RECIPE.eager_linears == "measured":
-        measured = eager_kernels(model)
+        measured = eager_kernels(model, cache)
         if say is not None:
             say(measured.sentence())
         if measured.from_rows is None:
@@ -521,7 +526,7 @@ def prepare(model: TinyLlama, shapes: Iterable[Shape], *, progress: bool = True,
                 if progress:
                     bar.write(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)"))
                 bar.update()
-        packing = prepare_eager(model, say=bar.write if progress else None)
+        packing = prepare_eager(model, say=bar.write if progress else None, cache=cache)
     if packing is not None:
         costs.append(packing)
         if progress:

@@ -28,7 +28,11 @@ passes), and nothing changes in the numbers but the order of a float sum's terms
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+import json
+import os
+from pathlib import Path
+import platform
 import statistics
 import time
 from typing import Any
@@ -39,8 +43,8 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["FLUSH_BYTES", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes", "available",
-           "measure"]
+__all__ = ["FLUSH_BYTES", "KEPT_FILE", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes",
+           "available", "measure", "measure_kept"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
 #: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
@@ -194,3 +198,50 @@ def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats:
     return PassTimes(tuple(rows), tuple(plain_ms), tuple(packed_ms),
                      f"{config.num_hidden_layers} layers, up_proj {up.in_features} -> "
                      f"{up.out_features}")
+
+
+#: Where :func:`measure_kept` keeps its measurements, in the folder it is given (the fast
+#: path's kernel cache, one per torch version).
+KEPT_FILE = "eager_passes.json"
+
+
+def _processor() -> str:
+    """The processor's name (``/proc/cpuinfo``'s model name where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure_kept(model: torch.nn.Module, folder: Path | None,
+                 mode: PackedLinears | None = None) -> PassTimes:
+    """:func:`measure`, kept in ``folder`` / :data:`KEPT_FILE` per processor, thread count,
+    model shape and dtype: a second process on this machine reads it instead of timing the
+    passes again (a second or so on the scale model). ``folder=None``: measured, not kept.
+    A file that cannot be read is measured over."""
+    cfg = model.config
+    dtype = next(model.parameters()).dtype
+    key = (f"{_processor()} | {torch.get_num_threads()} threads | hidden {cfg.hidden_size}, "
+           f"MLP {cfg.intermediate_size}, {cfg.num_hidden_layers} layers, vocab "
+           f"{cfg.vocab_size}, {dtype}")
+    path = None if folder is None else Path(folder) / KEPT_FILE
+    kept: dict[str, Any] = {}
+    if path is not None and path.is_file():
+        try:
+            kept = json.loads(path.read_text())
+            entry = kept[key]
+            return PassTimes(tuple(entry["rows"]), tuple(entry["plain_ms"]),
+                             tuple(entry["packed_ms"]), entry["shape"])
+        except (OSError, ValueError, KeyError, TypeError):
+            kept = kept if isinstance(kept, dict) else {}
+    times = measure(model, mode=mode)
+    if path is not None:
+        kept[key] = asdict(times)
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")   # whole or not at all
+        scratch.write_text(json.dumps(kept, indent=1))
+        os.replace(scratch, path)
+    return times

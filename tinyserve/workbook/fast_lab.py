@@ -120,7 +120,9 @@ def prepare_for_chapter(model: TinyLlama, shapes: Sequence[Shape], name: str = "
     else:
         costs = [cost for s in shapes for cost in _prepare_widths(model, s, widths)]
         from ..backends.fast import prepare_eager
-        packing = prepare_eager(model, say=print if progress else None)   # as prepare() does
+        from ..paths import cache_dir
+        packing = prepare_eager(model, say=print if progress else None,   # as prepare() does
+                                cache=cache_dir())
         costs += [packing] if packing is not None else []
     fresh = sum(c.compiled for c in costs)
     print(f"prepared in {time.perf_counter() - start:.0f} s ({fresh} of {len(costs)} "
