@@ -168,3 +168,5 @@ def test_the_measurement_is_kept_for_the_next_process_on_this_machine(
     (tmp_path / packed.KEPT_FILE).write_text("{not json")                        # measured over
     assert packed.measure_kept(model, tmp_path) == times and len(calls) == 4
     assert packed.measure_kept(model, None) == times and len(calls) == 5          # not kept
+    with pytest.warns(UserWarning, match="could not keep the eager passes' measurement"):
+        assert packed.measure_kept(model, tmp_path / "missing" / "folder") == times

@@ -36,6 +36,7 @@ import platform
 import statistics
 import time
 from typing import Any
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -222,7 +223,7 @@ def measure_kept(model: torch.nn.Module, folder: Path | None,
     """:func:`measure`, kept in ``folder`` / :data:`KEPT_FILE` per processor, thread count,
     model shape and dtype: a second process on this machine reads it instead of timing the
     passes again (a second or so on the scale model). ``folder=None``: measured, not kept.
-    A file that cannot be read is measured over."""
+    A file that cannot be read is measured over; one that cannot be written, a warning."""
     cfg = model.config
     dtype = next(model.parameters()).dtype
     key = (f"{_processor()} | {torch.get_num_threads()} threads | hidden {cfg.hidden_size}, "
@@ -242,6 +243,10 @@ def measure_kept(model: torch.nn.Module, folder: Path | None,
     if path is not None:
         kept[key] = asdict(times)
         scratch = path.with_suffix(f".{os.getpid()}.tmp")   # whole or not at all
-        scratch.write_text(json.dumps(kept, indent=1))
-        os.replace(scratch, path)
+        try:
+            scratch.write_text(json.dumps(kept, indent=1))
+            os.replace(scratch, path)
+        except OSError as err:   # a folder we may not write: the measurement still holds
+            warnings.warn(f"could not keep the eager passes' measurement in {path} ({err}); "
+                          "the next run measures again (a second or so)", stacklevel=2)
     return times
