@@ -17,12 +17,13 @@ import torch.nn.functional as F
 from conftest import random_prompt, sharp_model
 from tinyserve.config import ModelConfig
 from tinyserve.kv_cache import CacheFullError, KVCache
+from tinyserve import quant
 from tinyserve.model import TinyLlama
 from tinyserve.quant import (FUSED_ROWS, Int8Embedding, Int8KVCache, Int8Linear,
                              QuantizedTinyLlama, dequantize_groups, dequantize_rows,
                              grouped_matvec, quality, quantize_groups, quantize_model,
-                             quantize_per_tensor, quantize_rows, tensor_bytes,
-                             validation_windows, weight_bytes)
+                             quantize_per_tensor, quantize_rows, reduction_pieces,
+                             tensor_bytes, validation_windows, weight_bytes)
 
 SMALL = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=48)
@@ -99,8 +100,11 @@ def test_a_scale_per_group_bounds_each_groups_error_by_its_own_step() -> None:
         quantize_groups(w, 40)
 
 
+@pytest.mark.parametrize("chunk", [4096, 32])     # one reduction a row; two pieces of 2 groups
 @pytest.mark.parametrize("rows", [(1,), (2, 3), (FUSED_ROWS,)])
-def test_the_fused_grouped_matvec_equals_dequantize_then_matmul(rows) -> None:
+def test_the_fused_grouped_matvec_equals_dequantize_then_matmul(
+        rows, chunk, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quant, "REDUCTION_CHUNK", chunk)
     g = torch.Generator().manual_seed(5)
     q, s = quantize_groups(torch.randn(40, 64, generator=g), 16)
     x = torch.randn(*rows, 64, generator=g)
@@ -109,6 +113,40 @@ def test_the_fused_grouped_matvec_equals_dequantize_then_matmul(rows) -> None:
     q, s = quantize_rows(torch.randn(40, 64, generator=g))      # a scale per row: one group
     torch.testing.assert_close(grouped_matvec(x, q, s), F.linear(x, dequantize_rows(q, s)),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_is_summed_in_the_fewest_pieces_of_whole_groups_within_the_chunk() -> None:
+    assert quant.REDUCTION_CHUNK == 4096
+    assert reduction_pieces(2048, 64) == 1            # the scale model's 2048-wide projections
+    assert reduction_pieces(5504, 172) == 2           # its down_proj: 2 x 86 groups of 32
+    assert reduction_pieces(4096, 128) == 1 and reduction_pieces(8192, 256) == 2
+    assert reduction_pieces(12288, 384) == 3
+    assert reduction_pieces(32 * 131, 131) == 1       # a prime count of groups: a cascade
+    assert reduction_pieces(5504, 1) == 1             # one scale per row: a single group
+    assert reduction_pieces(32 * 4096, 4096) == 1     # more than 8 pieces would not unroll
+
+
+def test_inductor_sums_a_long_row_without_a_cascade_and_normalizes_its_input_once() -> None:
+    # What grouped_matvec is written for, read in the C++ inductor generates on a CPU: a row
+    # of 5504 int8 weights (the scale model's down_proj) is summed by plain vector adds, not
+    # inductor's cascade helper (which keeps its sum in memory above 4,096 terms), and an
+    # RMSNorm before it is computed once, outside the loop that loads the weights.
+    from torch._inductor.utils import run_and_get_code
+    g = torch.Generator().manual_seed(8)
+    q, s = quantize_groups(torch.randn(256, 5504, generator=g), 32)
+
+    def projection(x: torch.Tensor) -> torch.Tensor:
+        return grouped_matvec(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5), q, s)
+    x = torch.randn(1, 5504, generator=g)
+    torch._dynamo.reset()
+    got, codes = run_and_get_code(torch.compile(projection, backend="inductor"), x)
+    torch.testing.assert_close(got, projection(x), rtol=1e-4, atol=1e-4)   # 5504 terms a sum
+    code = "\n".join(codes)
+    load = code.index("Vectorized<int8_t>::loadu")             # the first load of a weight
+    outer = code.rindex("for(int64_t x0", 0, code.rindex("for(", 0, load))
+    per_output = code[outer:code.index("vec_reduce_all", load)]   # one output's reduction
+    assert "CascadeSumHelper" not in per_output and "sqrt" not in per_output
+    assert "sqrt" in code[:outer]                                 # the norm: once, before
 
 
 # ------------------------------------------------------------------ int8 linear layers
