@@ -396,7 +396,8 @@ def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
     of shape (out,)) is one group per row.
 
     Two things the reduction is kept from, each measured on the scale model's int8 decode
-    step (2-core AMD EPYC, one thread, caches flushed; 10.0 ms before either, 5.4 after):
+    step (2-core AMD EPYC, one thread, caches flushed; fastest of 20 steps: 10.0 ms before
+    either, 5.3-6.4 after both over four compiles):
 
     - **A cascade sum.** Inductor's C++ backend sums a float reduction of more than 4,096
       terms through a helper that keeps its running sum in memory (``CascadeSumHelper`` in
@@ -404,11 +405,11 @@ def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
       2048 x 5504 down_proj read its int8 weights at 11 GB/s against 19-22 for the 2048-wide
       projections. A longer row is cut into :func:`reduction_pieces` of whole groups, added
       term by term (a sum over so few is unrolled), so one reduction covers at most
-      :data:`REDUCTION_CHUNK` terms; it then reads at 19 GB/s (10.0 -> 7.4 ms).
+      :data:`REDUCTION_CHUNK` terms; it then reads at 19 GB/s (the step 10.0 -> 7.2-7.7 ms).
     - **Recomputing the input.** Inductor inlines a pointwise producer into its consumers, so
       the RMSNorm (and residual add) before a projection ran again for every output row, inside
       the loop over the weights. :func:`realized` makes the input a buffer of its own first
-      (7.4 -> 5.4 ms)."""
+      (-> 5.3-6.4 ms)."""
     out_features, in_features = qweight.shape
     x = realized(x)
     scale = scale.reshape(out_features, -1)
@@ -448,7 +449,7 @@ def realized(x: Tensor) -> Tensor:
     """``x``, made a buffer of its own inside a compile: inductor's stride-order primitive
     (``torch/_inductor/inductor_prims.py``, lowered through
     ``ExternKernel.require_stride_order``, which realizes its input) with ``x``'s own strides,
-    so nothing is copied. Inductor has no public hint for this; where a torch lacks the
+    so nothing is copied. We found no public inductor hint for this; where a torch lacks the
     primitive, or outside a compile, ``x`` itself (the same numbers, and the producer inlined
     as before)."""
     if not torch.compiler.is_compiling():
