@@ -400,10 +400,11 @@ def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
     either, 5.3-6.4 after both over four compiles):
 
     - **A cascade sum.** Inductor's C++ backend sums a float reduction of more than 4,096
-      terms through a helper that keeps its running sum in memory (``CascadeSumHelper`` in
+      terms through a helper that adds each vector into a running sum held in a
+      ``std::vector`` and counts the terms toward its next level (``CascadeSumHelper`` in
       ``torch/csrc/inductor/cpp_prefix.h``; ``chunk_size = 4096`` in ``codegen/cpp.py``): the
-      2048 x 5504 down_proj read its int8 weights at 11 GB/s against 19-22 for the 2048-wide
-      projections. A longer row is cut into :func:`reduction_pieces` of whole groups, added
+      2048 x 5504 down_proj read its int8 weights at 11 GB/s against 20-22 for the larger
+      projections with 2048 inputs. A longer row is cut into :func:`reduction_pieces` of whole groups, added
       term by term (a sum over so few is unrolled), so one reduction covers at most
       :data:`REDUCTION_CHUNK` terms; it then reads at 19 GB/s (the step 10.0 -> 7.2-7.7 ms).
     - **Recomputing the input.** Inductor inlines a pointwise producer into its consumers, so
@@ -447,11 +448,11 @@ def reduction_pieces(in_features: int, groups: int) -> int:
 
 def realized(x: Tensor) -> Tensor:
     """``x``, made a buffer of its own inside a compile: inductor's stride-order primitive
-    (``torch/_inductor/inductor_prims.py``, lowered through
-    ``ExternKernel.require_stride_order``, which realizes its input) with ``x``'s own strides,
-    so nothing is copied. We found no public inductor hint for this; where a torch lacks the
-    primitive, or outside a compile, ``x`` itself (the same numbers, and the producer inlined
-    as before)."""
+    (``torch/_inductor/inductor_prims.py``, lowered through ``ExternKernel.require_strides``)
+    with ``x``'s own strides. An ``x`` already in a buffer comes back as it is; an unrealized
+    one is written once into a buffer of its own (a copy its producer fuses into). We found no
+    public inductor hint for this. Where a torch lacks the primitive, or outside a compile:
+    ``x`` itself (the same numbers, the producer inlined as before)."""
     if not torch.compiler.is_compiling():
         return x
     force = getattr(torch.ops.prims, "inductor_force_stride_order", None)
