@@ -164,10 +164,12 @@ def traced(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The fast path traced only (its one knob, ``tinyserve.backends.fast.CPU_RECIPE``: the
     loops' plumbing in seconds, no code generation), its eager passes on packed weights
     whatever measures faster (so every test runs the packed linears against eager), its
-    persistent cache in a temporary folder; that folder. The real recipe has tests of its
-    own (tests/test_fast_path.py)."""
+    decode steps the traced ones (a timed choice would differ from run to run; the steps on
+    packed weights have tests of their own), its persistent cache in a temporary folder;
+    that folder. The real recipe has tests of its own (tests/test_fast_path.py)."""
     from tinyserve.backends import fast
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "packed"))
+    monkeypatch.setattr(fast, "CPU_RECIPE",
+                        fast.Recipe((), False, "eager", "packed", "compiled"))
     monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     return tmp_path

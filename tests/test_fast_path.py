@@ -266,6 +266,62 @@ def test_the_cold_timer_works_when_a_compile_starts_in_inference_mode() -> None:
     assert len(calls) == 2 * (1 + fast.COLD_REPEATS) and ms >= 0 and ms_inside >= 0
 
 
+@pytest.fixture
+def packed_steps(traced: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """:func:`traced`, with every decode step of two rows or more run eagerly over the packed
+    weights (``decode_steps="packed"``)."""
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "packed", "packed"))
+    return traced
+
+
+def test_batched_decode_steps_over_packed_weights_give_eager_tokens(packed_steps: Path) -> None:
+    model = sharp_model(SMALL, seed=4)
+    prompts = [random_prompt(96, n, seed=n) for n in (3, 9, 5)]    # bucket 4: one dummy row
+    want = generate_batch(model, prompts, 14, stop_ids=(7,))
+    assert generate_batch(model, prompts, 14, stop_ids=(7,), fast=True) == want
+    from tinyserve.backends.compiled import DECODERS
+    held = DECODERS.decoders(model)
+    assert held and all(d.choice is not None and d.choice.kernel == "packed" for d in held)
+    assert fast._mode(model).packed > 0
+
+
+def test_the_engine_runs_its_batched_steps_over_packed_weights(packed_steps: Path) -> None:
+    model = sharp_model(SMALL, seed=12)
+    prompts = [random_prompt(96, n, seed=20 + n) for n in (3, 11, 6, 17, 2)]
+    config = dict(num_blocks=48, block_size=4, max_num_seqs=8)
+    want, _ = _engine_run(model, prompts, EngineConfig(**config), joins=2)
+    got, engine = _engine_run(model, prompts, EngineConfig(**config, fast=True), joins=2)
+    assert got == want
+    kernels = {rows: g.choice.kernel for (rows, _), g in engine.executor.graphs.graphs.items()}
+    assert kernels and all(k == ("compiled" if rows == 1 else "packed")
+                           for rows, k in kernels.items())
+    assert any(rows > 1 for rows in kernels)
+
+
+def test_the_measured_choice_keeps_the_faster_way_and_one_row_compiled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock that only the two steps move: each "takes" the seconds given, so the choice is
+    # the arithmetic of the timings, not of this machine.
+    now = [0.0]
+    monkeypatch.setattr(fast.time, "perf_counter", lambda: now[0])
+
+    def taking(seconds: float):
+        return lambda: now.__setitem__(0, now[0] + seconds)
+    model = sharp_model(SMALL, seed=3)
+    slow_compiled = fast.choose_step(model, 8, taking(0.03), taking(0.02), "measured")
+    assert slow_compiled == fast.StepChoice(8, "packed", pytest.approx(0.03), pytest.approx(0.02))
+    assert "8 rows took 20.0 ms eager and packed against 30.0 ms compiled" in \
+        slow_compiled.sentence()
+    assert fast.choose_step(model, 4, taking(0.01), taking(0.02), "measured").kernel == "compiled"
+    assert fast.choose_step(model, 1, taking(0.03), taking(0.0), "measured") == \
+        fast.StepChoice(1, "compiled")                  # one row: the packed linear skips it
+    q8 = quantize_model(model, group_size=16)           # int8: nothing to pack once
+    assert fast.choose_step(q8, 8, taking(0.03), taking(0.0), "measured").kernel == "compiled"
+    assert fast.choose_step(model, 8, taking(0.0), taking(0.03), "packed").kernel == "packed"
+    with pytest.raises(ValueError, match="decode_steps must be one of measured, compiled, packed"):
+        fast.Recipe((), False, decode_steps="fastest")
+
+
 def _engine_run(model, prompts, config: EngineConfig, sampling=(), joins: int = 0):
     """Every prompt's tokens through one engine; the last ``joins`` prompts join after a few
     steps (continuous batching: rows join and leave the static decode step)."""

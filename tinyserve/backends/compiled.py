@@ -189,18 +189,21 @@ def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
                      backend: str = "inductor", tokens: int | None = None, *,
                      options: dict[str, Any] | None = None,
                      settings: Callable[[], AbstractContextManager] | None = None,
-                     tag: Hashable = None) -> CompiledDecoder:
+                     tag: Hashable = None,
+                     kind: type[CompiledDecoder] | None = None) -> CompiledDecoder:
     """The decoder for ``model``, the bucket holding ``batch`` rows and the window holding
     ``tokens`` positions per row (default: the whole context window), compiled once and
     reused (compiling again for every request would cost more than it saves); at most
     :data:`MAX_DECODERS` are kept (see :mod:`tinyserve.backends.decoder_cache`).
     ``options``: inductor's, instead of ``mode``, and ``settings`` around the compile (see
     :class:`CompiledDecoder`); ``tag``: anything else the decoder must match (the fast
-    path's settings and weight versions: its compiled step holds the weights frozen)."""
+    path's settings and weight versions: its compiled step holds the weights frozen);
+    ``kind``: a subclass to make instead (the fast path's)."""
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
     key = (bucket_for(batch, MAX_COMPILED_BATCH), window, mode, backend,
            tuple(sorted((options or {}).items())), tag)
-    return DECODERS.get(model, key, lambda: CompiledDecoder(model, key[0], mode, backend,
-                                                             window, options, settings),
+    make = kind or CompiledDecoder
+    return DECODERS.get(model, (*key, make), lambda: make(model, key[0], mode, backend,
+                                                         window, options, settings),
                         exclusive=False)

@@ -418,8 +418,10 @@ class EngineGraphs:
                     self._capture(*shape)
                 out[shape] = 0.0 if held else self.capture_seconds[shape]
                 if progress:
+                    note = getattr(self.graphs[shape], "note", "")   # the fast path's choice
                     bar.write(f"engine decode {shape[0]} rows x {shape[1]} blocks: "
-                              f"{out[shape]:.1f} s" + (" (held)" if held else ""))
+                              f"{out[shape]:.1f} s" + (" (held)" if held else "")
+                              + (f"; {note}" if note and shape[0] > 1 else ""))
                 bar.update()
         self.checked = True
         return out

@@ -23,6 +23,13 @@ eager step is the reference every test compares it with, token for token.
   66 s cold against 61 s with the patch held around the whole compile (mode
   "max-autotune"), a step 0.437 against 0.430 ms, the same 32 greedy tokens as eager.
 
+- **A decode step of several rows** (a batch bucket of :func:`fast_decoder` or the engine's
+  :class:`CompiledStep`), once compiled, times itself against the same step run eagerly over
+  the weights packed once for oneDNN (:func:`choose_step`) and keeps the faster: past a few
+  rows inductor's template falls well short of the machine's FLOP rate. On a 2-core AMD EPYC
+  (the scale model, one thread) 8 rows took 28.5 ms compiled against 17.3 eager and packed,
+  16 rows 56.3 against 25.9; at 4 rows the two tied. :func:`prepare` prints the choice.
+
 - **The eager passes** (a prefill, whose rows change with every prompt; the engine's prefill
   and mixed steps) stay eager on both; on a CPU their fp32 linears run on weights packed once
   for oneDNN (:mod:`~tinyserve.backends.packed`, :func:`eager_passes`) from the pass size
@@ -51,6 +58,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import contextlib
 from dataclasses import dataclass
 import functools
+import math
 import os
 from pathlib import Path
 import statistics
@@ -71,9 +79,10 @@ from .packed import FLUSH_BYTES
 from .spec_graphs import StaticPasses, static_passes
 from .static import bucket_for, window_for
 
-__all__ = ["CPU_RECIPE", "EAGER_LINEARS", "FASTEST", "INDUCTOR_FOLDER", "PACK_LABEL",
-           "PREPACK_FROM_ROWS", "CompiledStep", "Recipe", "Shape",
-           "ShapeCost", "cold_benchmarks", "compile_settings", "draft_shape", "eager_kernels",
+__all__ = ["CPU_RECIPE", "DECODE_STEPS", "EAGER_LINEARS", "FASTEST", "INDUCTOR_FOLDER",
+           "PACK_LABEL", "PREPACK_FROM_ROWS", "CompiledStep", "FastDecoder", "Recipe", "Shape",
+           "ShapeCost", "StepChoice", "choose_step", "cold_benchmarks", "compile_settings",
+           "draft_shape", "eager_kernels",
            "eager_passes", "engine_steps", "prepare_eager",
            "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
@@ -85,16 +94,23 @@ class Recipe:
     ``eager_linears``: what the eager passes' linears run on (the prefill, the engine's mixed
     steps: :func:`eager_passes`): ``"measured"`` (from the pass size where that measured
     faster here, :func:`eager_kernels`),
-    ``"packed"`` (oneDNN over weights packed once) or ``"plain"`` (``F.linear``)."""
+    ``"packed"`` (oneDNN over weights packed once) or ``"plain"`` (``F.linear``).
+    ``decode_steps``: what a decode step of several rows runs (:func:`choose_step`):
+    ``"measured"`` (whichever of the two below was faster here, timed once per step shape),
+    ``"compiled"`` or ``"packed"`` (the same step run eagerly over the packed weights)."""
     options: tuple[tuple[str, Any], ...]
     freezing: bool
     backend: str = "inductor"
     eager_linears: str = "measured"
+    decode_steps: str = "measured"
 
     def __post_init__(self) -> None:
         if self.eager_linears not in EAGER_LINEARS:
             raise ValueError(f"eager_linears must be one of {', '.join(EAGER_LINEARS)}, "
                              f"not {self.eager_linears!r}")
+        if self.decode_steps not in DECODE_STEPS:
+            raise ValueError(f"decode_steps must be one of {', '.join(DECODE_STEPS)}, "
+                             f"not {self.decode_steps!r}")
 
     def compile_options(self) -> dict[str, Any] | None:
         return dict(self.options) if self.backend == "inductor" else None
@@ -102,6 +118,8 @@ class Recipe:
 
 #: What :attr:`Recipe.eager_linears` may be.
 EAGER_LINEARS = ("measured", "packed", "plain")
+#: What :attr:`Recipe.decode_steps` may be.
+DECODE_STEPS = ("measured", "compiled", "packed")
 
 #: The fastest CPU step: mode "max-autotune" spelled as its options (``torch.compile`` takes
 #: a mode or options, not both; the mode's third, ``triton.cudagraphs``, is CUDA's), with
@@ -272,7 +290,31 @@ def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
     rows = bucket_for(batch, MAX_COMPILED_BATCH)
     return compiled_decoder(model, batch, backend=recipe.backend, tokens=tokens,
                             options=recipe.compile_options(), settings=_settings(recipe, rows),
-                            tag=("fast", recipe.freezing, _weights_version(model)))
+                            tag=("fast", recipe, _weights_version(model)), kind=FastDecoder)
+
+
+class FastDecoder(CompiledDecoder):
+    """A :class:`~tinyserve.backends.compiled.CompiledDecoder` whose first step, once compiled,
+    also decides what the later ones run (:func:`choose_step`, kept in :attr:`choice`): the
+    compiled step, or the same forward pass eagerly over the packed weights."""
+
+    choice: "StepChoice | None" = None
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        if self.choice is None:
+            logits = super().step(tokens, positions)          # compiles
+            t, p = tokens.clone(), positions.clone()
+            # Both run the step just run again, on the same inputs: the same keys and values
+            # land in the same slots, so timing them leaves the cache as it was.
+            self.choice = choose_step(self.model, self.cache.batch_size,
+                                      lambda: CompiledDecoder.step(self, t, p),
+                                      lambda: self._forward(t, p), CPU_RECIPE.decode_steps)
+            return logits
+        if self.choice.kernel == "packed":
+            with _mode(self.model):
+                return self._forward(tokens, positions)
+        return super().step(tokens, positions)
 
 
 def _settings(recipe: Recipe, rows: int):
@@ -373,27 +415,103 @@ def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None,
     return ShapeCost(PACK_LABEL, time.perf_counter() - start if fresh else 0.0, fresh)
 
 
+@dataclass(frozen=True)
+class StepChoice:
+    """What a decode step of ``rows`` rows runs on the fast path (``kernel``: ``"compiled"``
+    or ``"packed"``) and, where both were timed, each one's seconds (the fastest of
+    :data:`CHOICE_RUNS`)."""
+    rows: int
+    kernel: str
+    compiled_s: float | None = None
+    packed_s: float | None = None
+
+    def sentence(self) -> str:
+        what = ("compiled" if self.kernel == "compiled"
+                else "eager over weights packed once for oneDNN")
+        if self.compiled_s is None or self.packed_s is None:
+            return what
+        return (f"{what}: {self.rows} rows took {self.packed_s * 1e3:.1f} ms eager and packed "
+                f"against {self.compiled_s * 1e3:.1f} ms compiled")
+
+
+#: Runs of each way a decode step's choice is timed over, in turns (the fastest kept).
+CHOICE_RUNS = 3
+
+
+def choose_step(model: TinyLlama, rows: int, compiled: Callable[[], Any],
+                eager: Callable[[], Any], how: str) -> StepChoice:
+    """What a decode step of ``rows`` rows runs from now on: ``compiled`` (the step just
+    compiled) or ``eager`` (the same forward pass) run over the weights packed once for oneDNN
+    (:class:`~tinyserve.backends.packed.PackedLinears`, shared with the prefills), as ``how``
+    (:attr:`Recipe.decode_steps`) says; ``"measured"`` times both back to back, as a loop runs
+    them, in turns, and keeps the faster. One row, or a model whose linears cannot be packed
+    (:func:`_packs`), stays compiled: the packed linear is for two rows or more.
+
+    Why: the compiled step's matmuls are inductor's C++ template (or MKL's), chosen by the
+    autotuner, and past a few rows the template's kernel falls well short of the machine's
+    FLOP rate. Measured on a 2-core AMD EPYC, one thread, the scale model: 4 rows 13.3 ms
+    compiled against 13.4 eager and packed, 8 rows 28.5 against 17.3, 16 rows 56.3 against
+    25.9 (plain eager 35.0, 41.4, 59.6)."""
+    if how not in DECODE_STEPS:
+        raise ValueError(f"how must be one of {', '.join(DECODE_STEPS)}, not {how!r}")
+    if rows < 2 or not _packs(model) or how == "compiled":
+        return StepChoice(rows, "compiled")
+    mode = _mode(model)
+
+    def packed_step() -> None:
+        with mode:
+            eager()
+    if how == "packed":
+        return StepChoice(rows, "packed")
+    packed_step()                            # packs any weight not packed yet: not timed
+    best = {"compiled": math.inf, "packed": math.inf}
+    for _ in range(CHOICE_RUNS):
+        for name, run in (("compiled", compiled), ("packed", packed_step)):
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    kernel = "packed" if best["packed"] < best["compiled"] else "compiled"
+    return StepChoice(rows, kernel, best["compiled"], best["packed"])
+
+
 class CompiledStep:
     """One of the engine's decode steps (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`:
     one batch bucket of ``rows`` x blocks per row, on the paged pool's static buffers)
-    compiled with ``recipe``, where a CUDA graph would be captured: :meth:`replay` runs it, the first call
-    compiling (``compile_seconds``)."""
+    compiled with ``recipe``, where a CUDA graph would be captured: :meth:`replay` runs it,
+    the first call compiling (``compile_seconds``) and then choosing what the later calls
+    run (:func:`choose_step`: the compiled step, or ``step`` eagerly over the packed
+    weights; :attr:`choice`)."""
 
-    def __init__(self, step: Callable[[], Tensor], rows: int, recipe: Recipe) -> None:
+    def __init__(self, step: Callable[[], Tensor], rows: int, recipe: Recipe,
+                 model: TinyLlama) -> None:
+        self._eager, self._rows, self._model, self._how = step, rows, model, recipe.decode_steps
         self._step = torch.compile(step, backend=recipe.backend,
                                    options=recipe.compile_options(), fullgraph=True,
                                    dynamic=False)
         self._settings = _settings(recipe, rows)
         self.compile_seconds: float | None = None
+        self.choice: StepChoice | None = None
 
     def replay(self) -> None:
-        if self.compile_seconds is not None:
-            self._step()
+        if self.choice is not None:
+            if self.choice.kernel == "packed":
+                with _mode(self._model):
+                    self._eager()
+            else:
+                self._step()
             return
         start = time.perf_counter()
         with compiling(self._settings):      # freezing is read while tracing (see the module)
             self._step()
         self.compile_seconds = time.perf_counter() - start
+        # The step reads the buffers its caller filled and writes the same slots each time:
+        # running it again to time it leaves the pool as it was.
+        self.choice = choose_step(self._model, self._rows, self._step, self._eager, self._how)
+
+    @property
+    def note(self) -> str:
+        """What this step runs, in words (once it has run)."""
+        return "" if self.choice is None else self.choice.sentence()
 
 
 #: How many engines' compiled decode steps are kept (each with its paged pool) for the next
@@ -419,7 +537,7 @@ def engine_steps(model: TinyLlama, num_blocks: int, block_size: int, max_rows: i
         pool = PagedKVCache(model.config, num_blocks, block_size, device=model.device,
                             dtype=model.dtype, scratch=True)
         return EngineGraphs(model, pool, max_rows, capture=False,
-                            compiler=functools.partial(CompiledStep, recipe=recipe))
+                            compiler=functools.partial(CompiledStep, recipe=recipe, model=model))
     key = (num_blocks, block_size, max_rows, recipe, model.device, model.dtype)
     steps = _ENGINE_STEPS.get(model, key, make)
     steps.in_use, steps.checked = True, False   # the first step checks the weights
@@ -521,10 +639,11 @@ def prepare(model: TinyLlama, shapes: Iterable[Shape], *, progress: bool = True,
     with tqdm(total=units, desc="preparing the fast path", unit="shape",
               disable=not progress) as bar:
         for shape in shapes:
-            for label, seconds, fresh in _prepare_one(model, shape, cache):
+            for label, seconds, fresh, note in _prepare_one(model, shape, cache):
                 costs.append(ShapeCost(label, seconds, fresh))
                 if progress:
-                    bar.write(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)"))
+                    bar.write(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)")
+                              + (f"; {note}" if note else ""))
                 bar.update()
         packing = prepare_eager(model, say=bar.write if progress else None, cache=cache)
     if packing is not None:
@@ -536,9 +655,10 @@ def prepare(model: TinyLlama, shapes: Iterable[Shape], *, progress: bool = True,
 
 
 def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
-    """Yield (label, seconds, compiled) for each function of ``shape``, compiling it by
+    """Yield (label, seconds, compiled, note) for each function of ``shape``, compiling it by
     running it once on a dummy token at position 0 (the next request's prefill writes over
-    that slot before anything reads it)."""
+    that slot before anything reads it); ``note``: what a batched decode step chose to run
+    (:func:`choose_step`), else empty."""
     window = window_for(shape.tokens, model.config.max_position_embeddings)
     device, pad = model.device, model.config.pad_token_id
     if not shape.widths:
@@ -549,14 +669,15 @@ def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
             start = time.perf_counter()
             decoder.prefill(torch.full((1, 1), pad, device=device), [1])   # captures
             decoder.release()
-            yield label, time.perf_counter() - start if fresh else 0.0, fresh
+            yield label, time.perf_counter() - start if fresh else 0.0, fresh, ""
             return
         step = fast_decoder(model, shape.batch, shape.tokens, cache=cache)
         fresh = step.compile_seconds is None
         if fresh:
             B = step.cache.batch_size
             step.step(torch.full((B,), pad, device=device), torch.zeros(B, dtype=torch.long))
-        yield label, float(step.compile_seconds) if fresh else 0.0, fresh
+        note = step.choice.sentence() if step.choice is not None and shape.batch > 1 else ""
+        yield label, float(step.compile_seconds) if fresh else 0.0, fresh, note
         return
     passes = fast_passes(model, shape.tokens, shape.widths, cache=cache)
     try:
@@ -565,7 +686,7 @@ def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
             passes.reset()                                 # captures every width
             each = (passes.capture_seconds or 0.0) / len(passes.widths) if fresh else 0.0
             for w in passes.widths:
-                yield f"pass width {w} x window {window}", each, fresh
+                yield f"pass width {w} x window {window}", each, fresh, ""
             return
         for w in passes.widths:
             fresh = w not in passes.compile_seconds
@@ -574,6 +695,6 @@ def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
                 passes.feed(torch.full((1, w), pad, device=device))
                 passes.rewind(0)
             yield (f"pass width {w} x window {window}",
-                   passes.compile_seconds[w] if fresh else 0.0, fresh)
+                   passes.compile_seconds[w] if fresh else 0.0, fresh, "")
     finally:
         passes.release()
