@@ -26,7 +26,7 @@ eager step is the reference every test compares it with, token for token.
 - **A decode step of several rows** (a batch bucket of :func:`fast_decoder` or the engine's
   :class:`CompiledStep`), once compiled, times itself against the same step run eagerly over
   the weights packed once for oneDNN (:func:`choose_step`) and keeps the faster: past a few
-  rows inductor's template falls well short of the machine's FLOP rate. On a 2-core AMD EPYC
+  rows inductor's template can fall well short of the machine's FLOP rate. On a 2-core AMD EPYC
   (the scale model, one thread) 8 rows took 28.5 ms compiled against 17.3 eager and packed,
   16 rows 56.3 against 25.9; at 4 rows the two tied. :func:`prepare` prints the choice.
 
@@ -448,7 +448,7 @@ def choose_step(model: TinyLlama, rows: int, compiled: Callable[[], Any],
     (:func:`_packs`), stays compiled: the packed linear is for two rows or more.
 
     Why: the compiled step's matmuls are inductor's C++ template (or MKL's), chosen by the
-    autotuner, and past a few rows the template's kernel falls well short of the machine's
+    autotuner, and past a few rows the template's kernel can fall well short of the machine's
     FLOP rate. Measured on a 2-core AMD EPYC, one thread, the scale model: 4 rows 13.3 ms
     compiled against 13.4 eager and packed, 8 rows 28.5 against 17.3, 16 rows 56.3 against
     25.9 (plain eager 35.0, 41.4, 59.6)."""
