@@ -269,8 +269,9 @@ def test_the_cold_timer_works_when_a_compile_starts_in_inference_mode() -> None:
 @pytest.fixture
 def packed_steps(traced: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """:func:`traced`, with every decode step of two rows or more run eagerly over the packed
-    weights (``decode_steps="packed"``)."""
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "packed", "packed"))
+    weights (``decode_steps="packed"``) and the prefills plain, so any packed copy the model
+    holds afterwards was made by a decode step."""
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, "eager", "plain", "packed"))
     return traced
 
 
@@ -295,7 +296,7 @@ def test_the_engine_runs_its_batched_steps_over_packed_weights(packed_steps: Pat
     kernels = {rows: g.choice.kernel for (rows, _), g in engine.executor.graphs.graphs.items()}
     assert kernels and all(k == ("compiled" if rows == 1 else "packed")
                            for rows, k in kernels.items())
-    assert any(rows > 1 for rows in kernels)
+    assert any(rows > 1 for rows in kernels) and fast._mode(model).packed > 0
 
 
 def test_the_measured_choice_keeps_the_faster_way_and_one_row_compiled(
@@ -320,6 +321,8 @@ def test_the_measured_choice_keeps_the_faster_way_and_one_row_compiled(
     assert fast.choose_step(model, 8, taking(0.0), taking(0.03), "packed").kernel == "packed"
     with pytest.raises(ValueError, match="decode_steps must be one of measured, compiled, packed"):
         fast.Recipe((), False, decode_steps="fastest")
+    with pytest.raises(ValueError, match="how must be one of measured, compiled, packed"):
+        fast.choose_step(model, 8, taking(0.0), taking(0.0), "fastest")
 
 
 def _engine_run(model, prompts, config: EngineConfig, sampling=(), joins: int = 0):

@@ -126,6 +126,11 @@ def test_a_row_is_summed_in_the_fewest_pieces_of_whole_groups_within_the_chunk()
     assert reduction_pieces(32 * 4096, 4096) == 1     # more than 8 pieces would not unroll
 
 
+def test_realized_is_the_tensor_itself_outside_a_compile() -> None:
+    x = torch.randn(2, 8)
+    assert quant.realized(x) is x
+
+
 def test_inductor_sums_a_long_row_without_a_cascade_and_normalizes_its_input_once() -> None:
     # What grouped_matvec is written for, read in the C++ inductor generates on a CPU: a row
     # of 5504 int8 weights (the scale model's down_proj) is summed by plain vector adds, not

@@ -397,16 +397,17 @@ def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
 
     Two things the reduction is kept from, each measured on the scale model's int8 decode
     step (2-core AMD EPYC, one thread, caches flushed; fastest of 20 steps: 10.0 ms before
-    either, 5.3-6.4 after both over four compiles):
+    either, 5.3-6.4 after both over four compiles; 5.1 in ``bench llamacpp``'s quiet run):
 
     - **A cascade sum.** Inductor's C++ backend sums a float reduction of more than 4,096
       terms through a helper that adds each vector into a running sum held in a
       ``std::vector`` and counts the terms toward its next level (``CascadeSumHelper`` in
       ``torch/csrc/inductor/cpp_prefix.h``; ``chunk_size = 4096`` in ``codegen/cpp.py``): the
       2048 x 5504 down_proj read its int8 weights at 11 GB/s against 20-22 for the larger
-      projections with 2048 inputs. A longer row is cut into :func:`reduction_pieces` of whole groups, added
-      term by term (a sum over so few is unrolled), so one reduction covers at most
-      :data:`REDUCTION_CHUNK` terms; it then reads at 19 GB/s (the step 10.0 -> 7.2-7.7 ms).
+      projections with 2048 inputs. A longer row is cut into :func:`reduction_pieces` of
+      whole groups, added term by term (a sum over so few is unrolled), so one reduction
+      covers at most :data:`REDUCTION_CHUNK` terms; it then reads at 19 GB/s (the step 10.0
+      -> 7.2-7.7 ms).
     - **Recomputing the input.** Inductor inlines a pointwise producer into its consumers, so
       the RMSNorm (and residual add) before a projection ran again for every output row, inside
       the loop over the weights. :func:`realized` makes the input a buffer of its own first

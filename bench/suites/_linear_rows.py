@@ -28,7 +28,6 @@ from ..common import in_turns
 __all__ = ["FLUSH_BYTES", "kernel_sentence", "linear_rows", "one_row_sentence"]
 
 
-
 def _cold(fn: Callable[[], Any], flush: torch.Tensor) -> Callable[[], float]:
     """``fn`` timed once after the caches are flushed: seconds."""
     def run() -> float:

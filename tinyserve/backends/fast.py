@@ -58,7 +58,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import contextlib
 from dataclasses import dataclass
 import functools
-import math
 import os
 from pathlib import Path
 import statistics
@@ -311,10 +310,8 @@ class FastDecoder(CompiledDecoder):
                                       lambda: CompiledDecoder.step(self, t, p),
                                       lambda: self._forward(t, p), CPU_RECIPE.decode_steps)
             return logits
-        if self.choice.kernel == "packed":
-            with _mode(self.model):
-                return self._forward(tokens, positions)
-        return super().step(tokens, positions)
+        return self.choice.run(self.model, lambda: CompiledDecoder.step(self, tokens, positions),
+                               lambda: self._forward(tokens, positions))
 
 
 def _settings(recipe: Recipe, rows: int):
@@ -425,6 +422,13 @@ class StepChoice:
     compiled_s: float | None = None
     packed_s: float | None = None
 
+    def run(self, model: TinyLlama, compiled: Callable[[], Any], eager: Callable[[], Any]) -> Any:
+        """The step as chosen: ``compiled()``, or ``eager()`` over ``model``'s packed weights."""
+        if self.kernel == "packed":
+            with _mode(model):
+                return eager()
+        return compiled()
+
     def sentence(self) -> str:
         what = ("compiled" if self.kernel == "compiled"
                 else "eager over weights packed once for oneDNN")
@@ -463,13 +467,9 @@ def choose_step(model: TinyLlama, rows: int, compiled: Callable[[], Any],
             eager()
     if how == "packed":
         return StepChoice(rows, "packed")
-    packed_step()                            # packs any weight not packed yet: not timed
-    best = {"compiled": math.inf, "packed": math.inf}
-    for _ in range(CHOICE_RUNS):
-        for name, run in (("compiled", compiled), ("packed", packed_step)):
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
+    # The untimed first call packs any weight not packed yet; no flush: as a loop runs steps.
+    runs = packed.in_turns({"compiled": compiled, "packed": packed_step}, CHOICE_RUNS)
+    best = {name: min(seconds) for name, seconds in runs.items()}
     kernel = "packed" if best["packed"] < best["compiled"] else "compiled"
     return StepChoice(rows, kernel, best["compiled"], best["packed"])
 
@@ -494,11 +494,7 @@ class CompiledStep:
 
     def replay(self) -> None:
         if self.choice is not None:
-            if self.choice.kernel == "packed":
-                with _mode(self._model):
-                    self._eager()
-            else:
-                self._step()
+            self.choice.run(self._model, self._step, self._eager)
             return
         start = time.perf_counter()
         with compiling(self._settings):      # freezing is read while tracing (see the module)

@@ -28,6 +28,7 @@ passes), and nothing changes in the numbers but the order of a float sum's terms
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 import json
 import os
@@ -45,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["FLUSH_BYTES", "KEPT_FILE", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes",
-           "available", "measure", "measure_kept"]
+           "available", "in_turns", "measure", "measure_kept"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
 #: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
@@ -160,6 +161,25 @@ FLUSH_BYTES = 256 * 2**20
 PROBE_ROWS = (4, 16, 64)
 
 
+def in_turns(fns: dict[str, Callable[[], Any]], repeats: int,
+             flush: Tensor | None = None) -> dict[str, list[float]]:
+    """Seconds of each of ``fns``, ``repeats`` calls each, the functions in turns so that all
+    meet the same moments of load, after one untimed call each (it pays for anything lazy);
+    with ``flush``, that buffer is written before every timed call, so each finds its weights
+    in memory rather than in the cache."""
+    for fn in fns.values():
+        fn()
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if flush is not None:
+                flush.fill_(1.0)
+            start = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - start)
+    return seconds
+
+
 @torch.inference_mode()
 def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3,
             mode: PackedLinears | None = None) -> PassTimes:
@@ -184,17 +204,9 @@ def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats:
         def packed() -> None:
             with mode:
                 model(ids, logits_at=last)
-        seconds: dict[Any, list[float]] = {plain: [], packed: []}
-        for fn in seconds:
-            fn()                               # the first call pays for anything lazy
-        for _ in range(repeats):
-            for fn, runs in seconds.items():
-                flush.fill_(1.0)
-                start = time.perf_counter()
-                fn()
-                runs.append(time.perf_counter() - start)
-        plain_ms.append(1e3 * statistics.median(seconds[plain]))
-        packed_ms.append(1e3 * statistics.median(seconds[packed]))
+        seconds = in_turns({"plain": plain, "packed": packed}, repeats, flush)
+        plain_ms.append(1e3 * statistics.median(seconds["plain"]))
+        packed_ms.append(1e3 * statistics.median(seconds["packed"]))
     up = model.model.layers[0].mlp.up_proj
     return PassTimes(tuple(rows), tuple(plain_ms), tuple(packed_ms),
                      f"{config.num_hidden_layers} layers, up_proj {up.in_features} -> "
