@@ -193,7 +193,9 @@ def test_scale_suite_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFix
     assert all(isinstance(v, float) and v > 0 for v in data["ratios"].values())
     assert [r["rows"] for r in m["sweep"]] == data["conditions"]["rows"]
     assert all(r["eager_ms"] > 0 and r["compiled_ms"] > 0 and r["compile_s"] >= 0
-               and r["fastest_ms"] == min(r["eager_ms"], r["compiled_ms"]) for r in m["sweep"])
+               and r["fastest_ms"] == min(t for t in (r["eager_ms"], r["compiled_ms"],
+                                                      r["packed_ms"]) if t is not None)
+               and (r["packed_ms"] is None) == (r["rows"] == 1) for r in m["sweep"])
     assert set(m["read_bandwidth_gb_per_s"]) == {"sum", "copy", "matvec"}
     assert m["verify_vs_step"]["compiled_verify_ms"] > 0 and m["long_context"]["prefill_ms"] > 0
     # The eager speculative run is kept beside the fast one the ratios read; both sides of

@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tinyserve import roofline
+from tinyserve.backends import packed
 from tinyserve.config import ModelConfig
 from tinyserve.model import TinyLlama
 from tinyserve.quant import quantize_model
@@ -59,6 +61,21 @@ def test_machine_measurements_and_a_measured_step_are_positive() -> None:
     torch.manual_seed(0)
     model = TinyLlama(SMALL).eval()
     assert eager_step_seconds(model, torch.randint(0, 96, (2, 5)), n=2, repeats=1) > 0
+
+
+def test_the_flop_ceiling_is_the_fastest_way_torch_multiplies_here(monkeypatch) -> None:
+    # MKL's a @ b ran at 109 GFLOP/s on an AMD EPYC where oneDNN's linear did 250: a ceiling
+    # from one library alone put the ridge at less than half its place.
+    ways = roofline.matmul_ways("cpu", n=64, repeats=2)
+    assert set(ways) == ({"aten", "onednn"} if packed.available() else {"aten"})
+    assert all(rate > 1e6 for rate in ways.values())
+    assert set(roofline.matmul_ways("cpu", torch.bfloat16, n=64, repeats=1)) == {"aten"}
+    if packed.available():             # the oneDNN way computes the same product as a @ b
+        a, b = torch.randn(64, 64), torch.randn(64, 64)
+        torch.testing.assert_close(packed.linear(a, packed.pack(b.t(), 64)), a @ b,
+                                   rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(roofline, "matmul_ways", lambda *a, **k: {"aten": 1e9, "onednn": 3e9})
+    assert roofline.matmul_flops("cpu") == roofline.flop_ceiling("cpu") == 3e9
 
 
 def test_one_row_sweep_times_eager_and_compiled_steps_and_reports_each_batch() -> None:

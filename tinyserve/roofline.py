@@ -15,7 +15,7 @@ Both machine figures are *measured* here, not taken from a datasheet: the bandwi
 fastest of several ways to read a buffer far larger than the cache (:func:`read_bandwidth`: a
 reduction, a copy counted read + write, a matrix-vector product; :func:`memory_bandwidth` is
 the copy alone) and a large matmul for the FLOP rate (:func:`flop_ceiling`: one size per
-device type). The course divides by one bandwidth everywhere, ``read_bandwidth(...).best``.
+device type, the fastest of the ways torch multiplies it there, :func:`matmul_ways`). The course divides by one bandwidth everywhere, ``read_bandwidth(...).best``.
 """
 from __future__ import annotations
 
@@ -49,14 +49,37 @@ def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
     return 2 * nbytes / min(timings(lambda: dst.copy_(src), device, repeats))
 
 
-def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
-                 n: int = 1024, repeats: int = 5) -> float:
-    """FLOP/s of an ``n x n`` by ``n x n`` matmul (2 n^3 FLOPs) in ``dtype``: the fastest of
-    ``repeats``, for the reason :func:`memory_bandwidth` gives (load only slows a run down)."""
+def matmul_ways(device: torch.device | str, dtype: torch.dtype = torch.float32,
+                n: int = 1024, repeats: int = 5) -> dict[str, float]:
+    """FLOP/s of an ``n x n`` by ``n x n`` matmul (2 n^3 FLOPs) in ``dtype``, each way torch
+    offers to multiply them here: ``aten`` (``a @ b``: MKL's ``sgemm`` on an x86 CPU, cuBLAS
+    on a GPU) and, for fp32 on a CPU whose torch has it, ``onednn`` (oneDNN's linear over
+    ``b`` laid out once for its kernel, :mod:`~tinyserve.backends.packed`: what the fast
+    path's eager passes run). Each the fastest of ``repeats``, for the reason
+    :func:`memory_bandwidth` gives (load only slows a run down).
+
+    Why two ways: the libraries are not equally fast on every CPU. On a 2-core AMD EPYC (Zen 5,
+    one thread) ``a @ b`` ran at 109 GFLOP/s and oneDNN's at 250, at n = 512, 1024 and 2048
+    alike; a ceiling from ``a @ b`` alone would put the ridge at less than half its place and
+    call a kernel "at the FLOP rate" that ran at 0.44 of what this machine does."""
+    from .backends import packed
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    return 2 * n**3 / min(timings(lambda: a @ b, device, repeats))
+    ways = {"aten": 2 * n**3 / min(timings(lambda: a @ b, device, repeats))}
+    if device.type == "cpu" and dtype == torch.float32 and packed.available():
+        laid_out = packed.pack(b.t(), n)
+        ways["onednn"] = 2 * n**3 / min(timings(lambda: packed.linear(a, laid_out), device,
+                                                repeats))
+    return ways
+
+
+def matmul_flops(device: torch.device | str, dtype: torch.dtype = torch.float32,
+                 n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an ``n x n`` matmul in ``dtype``: the fastest of :func:`matmul_ways`, as the
+    read bandwidth is the fastest of its ways (a kernel that beats it shows the reference was
+    too slow, not the machine beaten)."""
+    return max(matmul_ways(device, dtype, n, repeats).values())
 
 
 #: The side of the square matmul that measures the FLOP ceiling, by device type: one way for
@@ -68,7 +91,8 @@ CEILING_MATMUL_N = {"cpu": 1024, "cuda": 8192}
 
 def flop_ceiling(device: torch.device | str, dtype: torch.dtype = torch.float32) -> float:
     """The FLOP ceiling every chapter and suite divides by: :func:`matmul_flops` of a
-    :data:`CEILING_MATMUL_N` matmul on ``device``, in ``dtype``, on the calling threads."""
+    :data:`CEILING_MATMUL_N` matmul on ``device``, in ``dtype``, on the calling threads (the
+    fastest of :func:`matmul_ways`)."""
     device = torch.device(device)
     return matmul_flops(device, dtype, CEILING_MATMUL_N.get(device.type, 1024))
 

@@ -11,12 +11,13 @@ run, before its fast one):
 
 - the machine: read bandwidth as the fastest of a reduction, a copy and a matrix-vector
   product over a buffer far above the cache (:func:`~tinyserve.roofline.read_bandwidth`),
-  and the matmul FLOP rate (:func:`~tinyserve.roofline.matmul_flops`), each before and
-  after the rows sweep, the faster kept;
+  and the matmul FLOP rate (:func:`~tinyserve.roofline.matmul_flops`: the faster of MKL's
+  and oneDNN's kernels on a CPU), each before and after the rows sweep, the faster kept;
 - a decode step at rows 1, 2, 4, 8, 16, 32, eager and on the fastest compiled path (on a
   CPU ``torch.compile(mode="max-autotune")`` with inductor's ``freezing``: its C++ GEMM
   template over weights packed once at compile time; on CUDA the default CUDA-graph mode),
-  with each bucket's compile time;
+  with each bucket's compile time, and from 2 rows on a CPU eager over weights packed once for
+  oneDNN (the fast path's other choice for several rows); the knee is the fastest of them;
 - a (k+1) = 5-token verify pass against a one-token step, eager (what speculative decoding
   runs) and compiled;
 - int8 weights through fbgemm's kernel (``quantize_model(model, kernel="fbgemm")``) against
@@ -77,6 +78,7 @@ from typing import Any
 import torch
 
 from tinyserve.backends.compiled import CompiledDecoder, DECODERS as _DECODERS, compiled_decoder
+from tinyserve.backends import packed
 from tinyserve.config import ModelConfig
 from tinyserve.device import default_device, default_dtype
 from tinyserve.generate import extend, generate, prefill
@@ -634,7 +636,9 @@ def rows_and_verify(model: TinyLlama, fast: dict[str, Any], rows_list: tuple[int
                     prompt_len: int, n: int, repeats: int,
                     rounds: int) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, float]]:
     """The decode step at each of ``rows_list``, eager and compiled (:func:`~tinyserve.
-    roofline.row_sweep`), and the verify pass against a step on the one-row decoder while
+    roofline.row_sweep`), and from 2 rows on a CPU eager over weights packed once for oneDNN
+    (the fast path's other kernel for several rows: ``fastest_ms`` is the fastest of the
+    three, as the fast path keeps the faster), and the verify pass against a step on the one-row decoder while
     its graph exists (each bucket's window leaves room for it): the sweep's entries, each
     bucket's compile seconds, :func:`verify_vs_step`'s figures."""
     context = prompt_len + n // 2
@@ -642,9 +646,21 @@ def rows_and_verify(model: TinyLlama, fast: dict[str, Any], rows_list: tuple[int
     compiled_options = {**fast, "tokens": prompt_len + n + K + 1}
     prompts = _prompts(model, max(rows_list), prompt_len)
 
+    packs = packed.PackedLinears() if packed.available() and model.device.type == "cpu" else None
+
     def measured(point: RowPoint) -> None:
         rows, eager, compiled = point.rows, point.eager_s, point.compiled_s
         compile_s[str(rows)] = point.compile_s
+        # The fast path's other kernel for a step of several rows (fast.choose_step): the
+        # same eager step over weights packed once for oneDNN. One row stays plain there.
+        on_packed = None
+        if packs is not None and rows >= packed.MIN_ROWS:
+            with packs:
+                on_packed = eager_step_seconds(model, prompts[:rows], n, repeats)
+        ways = {"eager": eager, "compiled": compiled}
+        if on_packed is not None:
+            ways["packed"] = on_packed
+        fastest = min(ways, key=ways.__getitem__)
         if rows == 1:
             decoder = compiled_decoder(model, 1, mode=fast["mode"], backend=fast["backend"],
                                        tokens=compiled_options["tokens"])   # the one just timed
@@ -653,12 +669,12 @@ def rows_and_verify(model: TinyLlama, fast: dict[str, Any], rows_list: tuple[int
         forget_compiled(model)
         cost = decode_cost(model, rows, context)
         sweep.append({"rows": rows, "eager_ms": eager * 1e3, "compiled_ms": compiled * 1e3,
-                      "fastest_ms": min(eager, compiled) * 1e3,
-                      "fastest_path": "compiled" if compiled < eager else "eager",
+                      "packed_ms": None if on_packed is None else on_packed * 1e3,
+                      "fastest_ms": ways[fastest] * 1e3, "fastest_path": fastest,
                       "bytes": cost.bytes, "flops": cost.flops,
                       "compile_s": compile_s[str(rows)]})
-        print(f"  rows {rows}: eager {eager * 1e3:.1f} ms, compiled {compiled * 1e3:.1f} ms "
-              f"(compile {compile_s[str(rows)]:.0f} s)", flush=True)
+        print(f"  rows {rows}: " + ", ".join(f"{w} {t * 1e3:.1f} ms" for w, t in ways.items())
+              + f" (compile {compile_s[str(rows)]:.0f} s)", flush=True)
     row_sweep(model, prompts, rows_list, n, repeats, compiled=compiled_options, after=measured)
     return sweep, compile_s, verify
 
@@ -683,9 +699,10 @@ def roofline_figures(model: TinyLlama, sweep: list[dict[str, Any]], context: int
     from tinyserve.quant import weight_bytes
     knee_roofline = roofline_knee(model.config, weight_bytes(model), model.dtype.itemsize,
                                   context, bandwidth, flop_rate)
-    print(table(["rows", "eager ms", "compiled ms", "memory bound ms", "compute bound ms",
-                 "fastest / 1 row", "compile s"],
-                [[r["rows"], r["eager_ms"], r["compiled_ms"], r["memory_bound_ms"],
+    print(table(["rows", "eager ms", "compiled ms", "packed ms", "memory bound ms",
+                 "compute bound ms", "fastest / 1 row", "compile s"],
+                [[r["rows"], r["eager_ms"], r["compiled_ms"],
+                  "-" if r["packed_ms"] is None else r["packed_ms"], r["memory_bound_ms"],
                   r["compute_bound_ms"], r["fastest_ms"] / one["fastest_ms"], r["compile_s"]]
                  for r in sweep]), flush=True)
     return {

@@ -46,7 +46,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = ["FLUSH_BYTES", "KEPT_FILE", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes",
-           "available", "in_turns", "measure", "measure_kept"]
+           "available", "in_turns", "linear", "measure", "measure_kept", "pack"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
 #: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
@@ -67,14 +67,14 @@ def available() -> bool:
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-def _pack(weight: Tensor, rows: int) -> Tensor:
+def pack(weight: Tensor, rows: int) -> Tensor:
     """``weight`` (out, in) reordered once for oneDNN's linear, laid out for ``rows`` rows (a
     hint: the packed weight serves any number of rows)."""
     with torch.inference_mode(False), torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows)
 
 
-def _linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+def linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
@@ -99,7 +99,7 @@ class PackedLinears(TorchFunctionMode):
     def _copy(self, table: WeakIdKeyDictionary, weight: Tensor, transposed: bool) -> Tensor:
         held = table.get(weight)
         if held is None or held[0] != weight._version:
-            held = (weight._version, _pack(weight.t() if transposed else weight, self.hint_rows))
+            held = (weight._version, pack(weight.t() if transposed else weight, self.hint_rows))
             table[weight] = held
         return held[1]
 
@@ -114,9 +114,9 @@ class PackedLinears(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.linear and len(args) >= 2 and self._takes(args[0], args[1]):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            return _linear(args[0], self._copy(self._linear, args[1], False), bias)
+            return linear(args[0], self._copy(self._linear, args[1], False), bias)
         if func in _MATMULS and len(args) == 2 and not kwargs and self._takes(*args):
-            return _linear(args[0], self._copy(self._matmul, args[1], True), None)
+            return linear(args[0], self._copy(self._matmul, args[1], True), None)
         return func(*args, **kwargs)
 
 
