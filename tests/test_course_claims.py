@@ -128,6 +128,19 @@ def test_one_bandwidth_reference_and_one_flop_ceiling() -> None:
         assert "memory_bandwidth(" not in code and "4096 if" not in code, suite
 
 
+def test_chapter_ones_matmul_lines_are_the_flop_ceilings_ways(monkeypatch) -> None:
+    # Chapter 1 prints each way the ceiling's matmul ran (MKL's a @ b ran at 0.44 of oneDNN's on
+    # an AMD EPYC) and takes the fastest: the same measurement as flop_ceiling's, at its size.
+    sizes = []
+    monkeypatch.setattr(roofline, "matmul_ways",
+                        lambda device, dtype, n, *_: sizes.append(n) or {"aten": 1e9, "onednn": 2e9})
+    assert scale_sweeps.ceiling_ways("cpu") == {"aten": 1e9, "onednn": 2e9}
+    assert roofline.flop_ceiling("cpu") == 2e9
+    assert sizes == [scale_sweeps.CEILING_MATMUL_N["cpu"]] * 2
+    code = "\n".join(_cells(ROOT / "course" / "01_prefill_vs_decode.ipynb", "code"))
+    assert "flop_rate = max(matmuls.values())" in code and "ceiling_ways(" in code
+
+
 def test_measure_ceilings_takes_the_flop_ceiling_and_records_threads(monkeypatch) -> None:
     sizes = []
     monkeypatch.setattr(roofline, "matmul_flops",

@@ -27,6 +27,16 @@ from .roofline_lab import cache_bytes
 from .roofline_lab import describe_regime, regime  # noqa: F401 - chapters 2 and 3 import them here
 
 
+def ceiling_ways(device: torch.device | str, dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """The FLOP ceiling's matmul timed each way torch offers (:func:`~tinyserve.roofline.
+    matmul_ways` at :data:`CEILING_MATMUL_N` for ``device``): :func:`flop_ceiling` is the fastest
+    of these. Chapter 1 prints each: on some CPUs MKL's ``a @ b``, which eager ``F.linear``
+    calls, runs at less than half oneDNN's rate, and an eager prefill's regime then names a
+    kernel slower than the machine's best."""
+    device = torch.device(device)
+    return roofline.matmul_ways(device, dtype, CEILING_MATMUL_N.get(device.type, 1024))
+
+
 @dataclass(frozen=True)
 class Ceilings:
     """What this machine can move and multiply, measured now on one device, and on how many
