@@ -15,7 +15,8 @@ Both machine figures are *measured* here, not taken from a datasheet: the bandwi
 fastest of several ways to read a buffer far larger than the cache (:func:`read_bandwidth`: a
 reduction, a copy counted read + write, a matrix-vector product; :func:`memory_bandwidth` is
 the copy alone) and a large matmul for the FLOP rate (:func:`flop_ceiling`: one size per
-device type, the fastest of the ways torch multiplies it there, :func:`matmul_ways`). The course divides by one bandwidth everywhere, ``read_bandwidth(...).best``.
+device type, the fastest of the ways torch multiplies it there, :func:`matmul_ways`). The
+course divides by one bandwidth everywhere, ``read_bandwidth(...).best``.
 """
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def memory_bandwidth(device: torch.device | str, nbytes: int = 512 * 2**20,
 def matmul_ways(device: torch.device | str, dtype: torch.dtype = torch.float32,
                 n: int = 1024, repeats: int = 5) -> dict[str, float]:
     """FLOP/s of an ``n x n`` by ``n x n`` matmul (2 n^3 FLOPs) in ``dtype``, each way torch
-    offers to multiply them here: ``aten`` (``a @ b``: MKL's ``sgemm`` on an x86 CPU, cuBLAS
-    on a GPU) and, for fp32 on a CPU whose torch has it, ``onednn`` (oneDNN's linear over
+    offers to multiply them here: ``aten`` (``a @ b``: MKL's ``sgemm`` in PyTorch's x86
+    builds, cuBLAS on a GPU) and, for fp32 on a CPU whose torch has it, ``onednn`` (oneDNN's linear over
     ``b`` laid out once for its kernel, :mod:`~tinyserve.backends.packed`: what the fast
     path's eager passes run). Each the fastest of ``repeats``, for the reason
     :func:`memory_bandwidth` gives (load only slows a run down).

@@ -638,9 +638,9 @@ def rows_and_verify(model: TinyLlama, fast: dict[str, Any], rows_list: tuple[int
     """The decode step at each of ``rows_list``, eager and compiled (:func:`~tinyserve.
     roofline.row_sweep`), and from 2 rows on a CPU eager over weights packed once for oneDNN
     (the fast path's other kernel for several rows: ``fastest_ms`` is the fastest of the
-    three, as the fast path keeps the faster), and the verify pass against a step on the one-row decoder while
-    its graph exists (each bucket's window leaves room for it): the sweep's entries, each
-    bucket's compile seconds, :func:`verify_vs_step`'s figures."""
+    three, as the fast path keeps the faster), and the verify pass against a step on the
+    one-row decoder while its graph exists (each bucket's window leaves room for it): the
+    sweep's entries, each bucket's compile seconds, :func:`verify_vs_step`'s figures."""
     context = prompt_len + n // 2
     sweep, compile_s, verify = [], {}, {}
     compiled_options = {**fast, "tokens": prompt_len + n + K + 1}

@@ -75,6 +75,8 @@ def pack(weight: Tensor, rows: int) -> Tensor:
 
 
 def linear(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` through oneDNN, ``packed`` being :func:`pack`'s copy of
+    ``weight``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
