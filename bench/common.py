@@ -1,5 +1,6 @@
 """What every suite shares: timers that are honest on CUDA (one function's median, several
-functions taken in turns; both over :mod:`tinyserve.device`'s one timing loop and clock), the
+functions taken in turns, which live in :mod:`tinyserve.device` beside its one timing loop and
+clock, since the fast path times its own choices with them), the
 machine and commit stamp, the JSON report (the plain-text table is ``tinyserve.tables.table``)."""
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import torch
 
 from tinyserve.config import ModelConfig
 from tinyserve.device import clock, sync, timings  # noqa: F401 - sync: the suites import it here
+# One in-turns timer for the suites and the fast path's own choices (tinyserve.device).
+from tinyserve.device import in_turns, interleaved_seconds  # noqa: F401
 from tinyserve.model import TinyLlama
 from tinyserve.provenance import git_commit, machine_info
 from tinyserve.tables import table  # noqa: F401  (the suites print with it; it lives in tinyserve)
@@ -56,41 +59,6 @@ def median_seconds(fn: Callable[[], Any], device: torch.device, repeats: int = 5
     (:func:`tinyserve.device.timings`). The median, not the mean: one run disturbed by another
     process should not move the figure."""
     return statistics.median(timings(fn, device, repeats, warmup=warmup))
-
-
-def in_turns(fns: dict[str, Callable[[], Any]], rounds: int,
-             warmup: int = 1) -> dict[str, list[Any]]:
-    """Call several ``fns`` in turns: each round calls every one once, the first to go
-    rotating each round, after ``warmup`` untimed rounds. Returns what each call returned,
-    one per round, by name.
-
-    On a shared machine the speed drifts over seconds (other tenants, a core shared with
-    another VM); timing A's runs, then B's, folds that drift into A/B. Taken in turns, the
-    runs of one round are seconds apart, so a busy spell hits every function alike."""
-    if not fns:
-        raise ValueError("in_turns needs at least one function to call")
-    names = list(fns)
-    for _ in range(warmup):
-        for name in names:
-            fns[name]()
-    out: dict[str, list[Any]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            out[name].append(fns[name]())
-    return out
-
-
-def interleaved_seconds(fns: dict[str, Callable[[], Any]], device: torch.device,
-                        rounds: int = 5, warmup: int = 1) -> dict[str, list[float]]:
-    """Wall seconds of every call of :func:`in_turns`, by name (synchronized on a GPU).
-    :func:`median_ratio` of two names' rounds is the ratio to quote."""
-    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
-        def run() -> float:
-            start = clock(device)
-            fn()
-            return clock(device) - start
-        return run
-    return in_turns({name: timed(fn) for name, fn in fns.items()}, rounds, warmup)
 
 
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:

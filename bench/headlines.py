@@ -118,7 +118,8 @@ _ENGINE = ("tinyserve/engine.py", "tinyserve/scheduler.py", "tinyserve/block_man
            "tinyserve/paged.py", "tinyserve/sequence.py", "tinyserve/model.py",
            "tinyserve/backends/cuda_graph.py", "tinyserve/backends/static.py")
 #: The one timing loop and clock the step suites measure with (tinyserve.device's timings,
-#: clock, sync; bench.common's median and in-turns timers over them; issue 39).
+#: clock, sync and in-turns timers, which the fast path's own choices use too; bench.common's
+#: median timer over them; issue 39).
 _TIMERS = ("tinyserve/device.py", "bench/common.py")
 _STEP = ("tinyserve/generate.py", "tinyserve/kv_cache.py", "tinyserve/model.py", *_TIMERS)
 _COST_MODEL = ("tinyserve/simulator.py", "tinyserve/assets/cost_model.json")

@@ -189,3 +189,23 @@ def test_quick_traces_the_fast_path_and_puts_the_recipe_back() -> None:
 def test_a_preparing_process_past_its_deadline_is_killed(tmp_path) -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         _prepare_repeat._prepare_process("traced", "bandwidth", 32, str(tmp_path), limit=0.2)
+
+
+def test_a_knee_before_the_rooflines_says_what_each_extra_row_cost() -> None:
+    # One row 10 ms (its bytes), 8 rows 16 ms: 6 ms of FLOPs added to the bytes' time, where
+    # the roofline would take the larger (10 ms) and put the knee far later.
+    sweep = [{"rows": r, "fastest_ms": ms, "fastest_path": "packed", "memory_bound_ms": 10.0,
+              "compute_bound_ms": 0.75 * r, "eager_ms": 3 * ms, "compiled_ms": ms}
+             for r, ms in ((1, 10.0), (4, 12.0), (8, 16.0))]
+    m = measurements(sweep=sweep, knee={"measured_fastest": 5.0, "measured_eager": 1.5,
+                                        "roofline": 20.0})
+    ratios = {**scale.scale_ratios(m), "scale_knee_measured_vs_predicted": 0.25}
+    note = scale.explain(ratios, m)["scale_knee_measured_vs_predicted"]
+    assert "at 8 rows the fastest step (packed) took 16.0 ms against one row's 10.0" in note
+    assert "0.86 ms per extra row where a row's FLOPs take 0.75 ms at the ceiling (1.1x)" in note
+    assert "nearer their sum (16.0 against 10.0 ms)" in note
+    late = measurements(sweep=sweep, knee={"measured_fastest": 40.0, "measured_eager": 1.5,
+                                           "roofline": 10.0})
+    note = scale.explain({**scale.scale_ratios(late), "scale_knee_measured_vs_predicted": 4.0},
+                         late)["scale_knee_measured_vs_predicted"]
+    assert "extra row" not in note                    # a later knee has other reasons

@@ -47,3 +47,24 @@ def test_one_clock_and_one_timing_loop_for_the_course_and_the_bench() -> None:
     from tinyserve import device, generate
     assert generate.clock is device.clock and common.sync is device.sync
     assert common.median_seconds(lambda: None, torch.device("cpu"), repeats=3) >= 0
+
+
+def test_interleaved_seconds_runs_setup_before_each_call_outside_the_clock(monkeypatch) -> None:
+    # The packed-linear measurement flushes the caches before each timed pass: the flush
+    # must not be counted, and it runs before the warm-up calls too.
+    import time as _time
+
+    from tinyserve import device
+    now, calls = [0.0], []
+    monkeypatch.setattr(_time, "perf_counter", lambda: now[0])
+
+    def flush() -> None:
+        calls.append("flush")
+        now[0] += 100.0                          # a slow flush: must not reach the figures
+
+    def step(seconds: float, name: str):
+        return lambda: (calls.append(name), now.__setitem__(0, now[0] + seconds))
+    got = device.interleaved_seconds({"a": step(1.0, "a"), "b": step(2.0, "b")}, "cpu",
+                                     rounds=2, warmup=1, setup=flush)
+    assert got == {"a": [1.0, 1.0], "b": [2.0, 2.0]}
+    assert calls == ["flush", "a", "flush", "b"] * 2 + ["flush", "b", "flush", "a"]

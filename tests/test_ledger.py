@@ -55,7 +55,7 @@ _TIMED_THROUGH = {"tinyserve.roofline": ("tinyserve/roofline.py", "tinyserve/dev
                   "tinyserve.device": ("tinyserve/device.py",),
                   "median_seconds": ("bench/common.py", "tinyserve/device.py"),
                   "interleaved_seconds": ("bench/common.py", "tinyserve/device.py"),
-                  "in_turns": ("bench/common.py",)}
+                  "in_turns": ("bench/common.py", "tinyserve/device.py")}
 
 
 @pytest.mark.parametrize("suite", [s for s in SUITES

@@ -100,3 +100,43 @@ def timings(fn: Callable[[], Any], device: torch.device | str, repeats: int, *,
         if r >= warmup:
             times.append(clock(device) - start)
     return times
+
+
+def in_turns(fns: dict[str, Callable[[], Any]], rounds: int,
+             warmup: int = 1) -> dict[str, list[Any]]:
+    """Call several ``fns`` in turns: each round calls every one once, the first to go
+    rotating each round, after ``warmup`` untimed rounds. Returns what each call returned,
+    one per round, by name.
+
+    On a shared machine the speed drifts over seconds (other tenants, a core shared with
+    another VM); timing A's runs, then B's, folds that drift into A/B. Taken in turns, the
+    runs of one round are seconds apart, so a busy spell hits every function alike."""
+    if not fns:
+        raise ValueError("in_turns needs at least one function to call")
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    out: dict[str, list[Any]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            out[name].append(fns[name]())
+    return out
+
+
+def interleaved_seconds(fns: dict[str, Callable[[], Any]], device: torch.device | str,
+                        rounds: int = 5, warmup: int = 1, *,
+                        setup: Callable[[], Any] | None = None) -> dict[str, list[float]]:
+    """Seconds of every call of :func:`in_turns`, by name, each between two :func:`clock`
+    readings; ``setup`` runs before every call, outside the clock (as in :func:`timings`: a
+    cache flush). The ratio to quote is of two names' rounds (``bench.common.median_ratio``),
+    or of their fastest."""
+    def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+        def run() -> float:
+            if setup is not None:
+                setup()
+            start = clock(device)
+            fn()
+            return clock(device) - start
+        return run
+    return in_turns({name: timed(fn) for name, fn in fns.items()}, rounds, warmup)

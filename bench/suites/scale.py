@@ -768,6 +768,27 @@ def fast_recipe(quick: bool) -> Iterator[None]:
 
 # --- what a missed goal's measurements show ------------------------------------------------
 
+def _knee_cost(sweep: dict[int, dict[str, Any]]) -> str:
+    """Why the measured knee came before the roofline's, from the first swept batch past it:
+    what each extra row cost against its FLOPs at the ceiling, and whether the step took
+    about its bytes' time *plus* its FLOPs' or the larger of the two (the roofline's)."""
+    one = sweep[1]
+    rows = next(r for r in sorted(sweep) if sweep[r]["fastest_ms"] >= 1.5 * one["fastest_ms"])
+    e = sweep[rows]
+    per_row = (e["fastest_ms"] - one["fastest_ms"]) / (rows - 1)
+    flops_row = e["compute_bound_ms"] / rows
+    both = e["memory_bound_ms"] + e["compute_bound_ms"]
+    larger = max(e["memory_bound_ms"], e["compute_bound_ms"])
+    nearer = ("their sum" if abs(e["fastest_ms"] - both) < abs(e["fastest_ms"] - larger)
+              else "the larger of the two")
+    return (f"at {rows} rows the fastest step ({e['fastest_path']}) took {e['fastest_ms']:.1f} ms "
+            f"against one row's {one['fastest_ms']:.1f}, {per_row:.2f} ms per extra row where a "
+            f"row's FLOPs take {flops_row:.2f} ms at the ceiling ({per_row / flops_row:.1f}x); "
+            f"bytes alone {e['memory_bound_ms']:.1f} ms, FLOPs alone {e['compute_bound_ms']:.1f}: "
+            f"the step came nearer {nearer} ({both:.1f} against {larger:.1f} ms), while the "
+            f"roofline counts the larger")
+
+
 def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
     """For each ratio that misses its goal (:mod:`bench.headlines`), a sentence computed from
     the measurements next to it: what they show, not only the number."""
@@ -786,8 +807,8 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"the measured step reaches 1.5x one row at {k['measured_fastest']:.1f} rows "
             f"(eager {k['measured_eager']:.1f}); the roofline from {bw:.1f} GB/s and "
             f"{m['matmul_gflop_per_s']:.0f} GFLOP/s (ridge "
-            f"{m['ridge_flop_per_byte']:.1f} FLOP/byte) puts it at {k['roofline']:.1f}: "
-            f"small-row matmuls run far below the large-matmul FLOP rate")
+            f"{m['ridge_flop_per_byte']:.1f} FLOP/byte) puts it at {k['roofline']:.1f}"
+            + (f": {_knee_cost(sweep)}" if k["measured_fastest"] < k["roofline"] else ""))
     if "scale_knee_measured_vs_predicted" not in ratios:
         notes["scale_knee_measured_vs_predicted"] = (
             f"not a number: the fastest step never reached 1.5x one row up to "

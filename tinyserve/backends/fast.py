@@ -68,6 +68,7 @@ import weakref
 import torch
 from torch import Tensor
 
+from ..device import interleaved_seconds
 from ..model import TinyLlama
 from .compiled import MAX_COMPILED_BATCH, CompiledDecoder, compiled_decoder, compiling
 from ..paged import PagedKVCache
@@ -468,7 +469,8 @@ def choose_step(model: TinyLlama, rows: int, compiled: Callable[[], Any],
     if how == "packed":
         return StepChoice(rows, "packed")
     # The untimed first call packs any weight not packed yet; no flush: as a loop runs steps.
-    runs = packed.in_turns({"compiled": compiled, "packed": packed_step}, CHOICE_RUNS)
+    runs = interleaved_seconds({"compiled": compiled, "packed": packed_step}, model.device,
+                               CHOICE_RUNS)
     best = {name: min(seconds) for name, seconds in runs.items()}
     kernel = "packed" if best["packed"] < best["compiled"] else "compiled"
     return StepChoice(rows, kernel, best["compiled"], best["packed"])

@@ -28,14 +28,12 @@ passes), and nothing changes in the numbers but the order of a float sum's terms
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 import json
 import os
 from pathlib import Path
 import platform
 import statistics
-import time
 from typing import Any
 import warnings
 
@@ -45,8 +43,10 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from ..device import interleaved_seconds
+
 __all__ = ["FLUSH_BYTES", "KEPT_FILE", "MIN_ROWS", "PROBE_ROWS", "PackedLinears", "PassTimes",
-           "available", "in_turns", "linear", "measure", "measure_kept", "pack"]
+           "available", "linear", "measure", "measure_kept", "pack"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
 #: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
@@ -163,25 +163,6 @@ FLUSH_BYTES = 256 * 2**20
 PROBE_ROWS = (4, 16, 64)
 
 
-def in_turns(fns: dict[str, Callable[[], Any]], repeats: int,
-             flush: Tensor | None = None) -> dict[str, list[float]]:
-    """Seconds of each of ``fns``, ``repeats`` calls each, the functions in turns so that all
-    meet the same moments of load, after one untimed call each (it pays for anything lazy);
-    with ``flush``, that buffer is written before every timed call, so each finds its weights
-    in memory rather than in the cache."""
-    for fn in fns.values():
-        fn()
-    seconds: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            if flush is not None:
-                flush.fill_(1.0)
-            start = time.perf_counter()
-            fn()
-            seconds[name].append(time.perf_counter() - start)
-    return seconds
-
-
 @torch.inference_mode()
 def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats: int = 3,
             mode: PackedLinears | None = None) -> PassTimes:
@@ -206,7 +187,8 @@ def measure(model: torch.nn.Module, rows: tuple[int, ...] = PROBE_ROWS, repeats:
         def packed() -> None:
             with mode:
                 model(ids, logits_at=last)
-        seconds = in_turns({"plain": plain, "packed": packed}, repeats, flush)
+        seconds = interleaved_seconds({"plain": plain, "packed": packed}, device, repeats,
+                                      setup=lambda: flush.fill_(1.0))
         plain_ms.append(1e3 * statistics.median(seconds["plain"]))
         packed_ms.append(1e3 * statistics.median(seconds["packed"]))
     up = model.model.layers[0].mlp.up_proj
