@@ -70,7 +70,7 @@ Around it
                     sweeps chapters 2 and 3 run at both scales), ``plots``,
                     ``model_card``, ``markers`` (README sections a command writes),
                     ``study_time`` (estimated working time per notebook), ``course_runs``
-                    (the course machine's bench reports, read where a chapter cites them),
+                    (the reports in bench/results, read where a chapter cites them),
                     ``fast_lab`` (the shapes and timings of the fast path in chapters 1, 3,
                     6b and 8; quick mode), ``engine_lab`` (the engine at the wall:
                     requests served at once, chapter 9 and ``bench scale``)

@@ -109,8 +109,8 @@ def apply_rope_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tenso
     tensor: cat, the four rotary operations, split (six operator calls, five kernels) instead
     of eight of each, and the same numbers element by element (tested against two calls).
     Under ``torch.compile`` the two are rotated apart: the compiler fuses each rotation
-    into one kernel anyway, and the cat costs it a copy (the compiled CPU decode step of
-    the target measured ~1.5 ms with the cat against ~1.1 ms without).
+    into one kernel anyway, and the cat costs it a copy that made the compiled CPU decode
+    step of the target slower (``bench decode`` times that step).
     """
     if torch.compiler.is_compiling():
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -149,9 +149,10 @@ def fused_linear(x: Tensor, owner: nn.Module, linears: tuple[nn.Module, ...]) ->
 
     The copy is stored transposed, (in, out), when the output is wider than the input: a
     one-row matmul then streams rows of ``out`` numbers, and long rows stream faster than
-    short ones from memory (one thread, this course's 2-core CPU, weights not in cache:
-    the LM head read at 19 GB/s transposed against 9 GB/s as (out, in); gate/up at 15
-    against 8.5). Narrow outputs (o_proj, down_proj) keep (out, in), faster for them.
+    short ones from memory (timed on one thread with the weights out of cache, the LM head
+    and gate/up read markedly faster transposed). Narrow outputs (o_proj, down_proj) keep
+    (out, in), faster for them. ``bench scale`` measures the batch-1 step this serves
+    against the machine's read bandwidth (``scale_decode_mbu_b1``).
 
     While ``torch.compile`` traces (the compiled decode step), the copy made by an eager call
     is used as it is: the step's caller runs prefill eagerly first, which refreshes it.

@@ -207,17 +207,17 @@ class PagedKVCache:
                  config.head_dim)
         # One tensor per layer (slots, n_kv, hd), not views of one (layers, ...) tensor: a
         # compiled step (the CPU fast path) that writes a layer's new keys into a view of a
-        # larger input has inductor copy that whole input back, every layer of every step
-        # (the scale model's batch-1 engine step on one thread, profiled: 165 ms, 112 with a
-        # tensor per layer), where a tensor of its own is written in place, as the compiled
-        # loops' static cache is.
+        # larger input has inductor copy that whole input back, every layer of every step (a
+        # large share of the scale model's batch-1 engine step, profiled), where a tensor of
+        # its own is written in place, as the compiled loops' static cache is. bench scale
+        # times that step (scale_engine_mbu_b1); tests/test_fast_path.py checks the write-back.
         layers = range(config.num_hidden_layers)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in layers]
         self.layout: StepLayout | None = None
         # Where decode rows' keys and values are gathered, reused by every layer and step:
         # a fresh multi-megabyte tensor per gather came from the OS each time, and its page
-        # faults made the copy 10x slower than the copy itself (64 rows of 384 tokens).
+        # faults cost many times the copy itself (64 rows of 384 tokens).
         self._gathered = torch.empty(0, device=device, dtype=dtype)
 
     @property
@@ -274,7 +274,8 @@ class PagedKVCache:
             raise ValueError("call prepare() with this step's rows before the forward pass")
         k_pool, v_pool = self.k[layer], self.v[layer]              # (slots, n_kv, hd)
         # index_copy_/index_select rather than pool[index]: the same result, and the
-        # advanced-indexing kernel was 5x slower for these row copies (one thread, 64 rows).
+        # advanced-indexing kernel was several times slower for these row copies (one
+        # thread, 64 rows).
         k_pool.index_copy_(0, lay.write_slots, k[0].transpose(0, 1))
         v_pool.index_copy_(0, lay.write_slots, v[0].transpose(0, 1))
         if lay.decode_rows:
@@ -305,7 +306,7 @@ class PagedKVCache:
         units = (-1, lay.decode_unit * n_kv * hd)
         # out= records no autograd history, and a compiled step (the CPU fast path) that
         # writes into a slice of the shared buffer has inductor copy the whole buffer back
-        # (the scale model's batch-1 engine step: 112 ms, 73 without it): both gather into a
+        # (much of the scale model's batch-1 engine step, profiled): both gather into a
         # fresh tensor, inductor placing it.
         if torch.is_grad_enabled() or torch.compiler.is_compiling():
             kd = k_pool.reshape(units).index_select(0, lay.decode_gather)
@@ -319,7 +320,7 @@ class PagedKVCache:
         kd, vd = kd.permute(0, 2, 1, 3), vd.permute(0, 2, 1, 3)   # (D, n_kv, width, hd)
         # Grouped-query attention as in the model: the n_rep query heads sharing a KV
         # head become n_rep query rows of it, the (D, 1, 1, width) mask broadcasting
-        # (2.7x faster than enable_gqa=True at 64 rows in a one-thread micro-benchmark).
+        # (faster than enable_gqa=True at 64 rows in a one-thread micro-benchmark).
         qd = qd.transpose(0, 1).reshape(D, n_kv, heads // n_kv, hd)
         od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=lay.decode_mask)
         return od.reshape(D, heads, hd).transpose(0, 1)[None]

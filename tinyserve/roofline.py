@@ -59,10 +59,11 @@ def matmul_ways(device: torch.device | str, dtype: torch.dtype = torch.float32,
     path's eager passes run). Each the fastest of ``repeats``, for the reason
     :func:`memory_bandwidth` gives (load only slows a run down).
 
-    Why two ways: the libraries are not equally fast on every CPU. On a 2-core AMD EPYC (Zen 5,
-    one thread) ``a @ b`` ran at 109 GFLOP/s and oneDNN's at 250, at n = 512, 1024 and 2048
-    alike; a ceiling from ``a @ b`` alone would put the ridge at less than half its place and
-    call a kernel "at the FLOP rate" that ran at 0.44 of what this machine does."""
+    Why two ways: the libraries are not equally fast on every CPU. On some, MKL's ``a @ b``
+    runs at well under half of oneDNN's rate at every size; a ceiling from ``a @ b`` alone
+    would there put the ridge at less than half its place and call a kernel "at the FLOP
+    rate" that runs far below what the machine does. The returned dict holds both, so any
+    machine shows its own gap (``bench scale`` prints the ceiling it takes)."""
     from .backends import packed
     device = torch.device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)

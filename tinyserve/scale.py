@@ -1,7 +1,7 @@
 """The bandwidth-scale model: the same ``TinyLlama`` at a size where decode meets the memory wall.
 
-The shipped target (5.2M parameters, 21 MB in fp32) fits in a 32 MiB last-level cache like the
-course machine's (many laptop CPUs have 12-18 MB of L3, where part of it streams from memory)
+The shipped target (5.2M parameters, 21 MB in fp32) fits in a 32 MiB last-level cache, common
+on server CPUs (many laptop CPUs have 12-18 MB of L3, where part of it streams from memory),
 and in a GPU's L2, so its decode steps are bound by dispatch (Python and kernel launches),
 not by memory. The lessons that depend on the regime (batching is nearly free up to the
 compute ridge, int8 weights speed decode up, a verify pass costs about one step, tensor
@@ -40,7 +40,8 @@ from .device import resolve
 
 #: Presets this module builds; :func:`tinyserve.load_model` accepts them by name.
 SCALE_PRESETS = ("bandwidth", "bandwidth-draft")
-#: Used when the OS does not say how big the last-level cache is (the course machine's L3).
+#: Used when the OS does not say how big the last-level cache is (an L3 common on servers;
+#: a smaller cache only puts the model further past it).
 FALLBACK_LLC_BYTES = 32 * 2**20
 #: How many last-level caches the CPU model's weights must span at least.
 LLC_MULTIPLE = 8

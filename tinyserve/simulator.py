@@ -13,9 +13,11 @@ sequences in it, ``pairs`` the attention scores (each new token times its contex
 they are gathered as one padded batch). The last term is apart from the pairs because the
 two kinds of attention cost differently per pair: a prefill chunk scores many queries
 against each key it reads (arithmetic), a decode row one query per key, so its cost is the
-reading of its cache (memory); one constant for both missed decode at 64 rows by 22% while
-two fit every measured shape within 16%. The constants come from a least-squares fit to
-steps of the real model measured on this machine (:func:`calibrate`); the shipped fit is in ``assets/cost_model.json``, with its error.
+reading of its cache (memory); one constant for both fit the many-row decode steps badly,
+where two fit every measured shape closely. The constants come from a least-squares fit to
+steps of the real model measured on this machine (:func:`calibrate`); the shipped fit is in
+``assets/cost_model.json``, with its median and largest error, and ``bench decode`` holds the
+engine's steps against it (``engine_vs_cost_model_*``).
 Produced tokens are placeholders: requests end at their ``max_tokens``.
 """
 from __future__ import annotations

@@ -39,14 +39,16 @@ class TrainConfig:
     eval_every: int = 100
     eval_tokens: int = 65_536
     seed: int = 0
-    # bf16 autocast for the forward pass (fp32 master weights and optimizer state): about
-    # 1.75x faster per step on CPUs with AVX512-BF16/AMX, which the training budget assumes.
+    # bf16 autocast for the forward pass (fp32 master weights and optimizer state): faster
+    # per step on CPUs with native bf16 matmuls (AVX512-BF16 or AMX), which the training budget
+    # assumes; elsewhere it stays off (bf16_is_fast). train_report.json records the speed.
     bf16_autocast: bool = True
 
 
-# Step counts chosen so each preset trains in under ~10 minutes on 2 CPU cores. Small
-# batches and many steps: the skill that makes replies right (copying the customer's name
-# and the ticket's details from the prompt) appears after enough optimizer *updates*.
+# Step counts chosen so each preset trains in minutes on a 2-core CPU (each model's
+# train_report.json records its time, speed and machine). Small batches and many steps: the
+# skill that makes replies right (copying the customer's name and the ticket's details from
+# the prompt) appears after enough optimizer *updates*.
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     "target": TrainConfig(steps=1800),
     "draft": TrainConfig(steps=2000, lr=4e-3),

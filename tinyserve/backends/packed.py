@@ -13,13 +13,13 @@ compilation, and for a batch it cannot fix at compile time (torch 2.13's
 
 Which of the two is faster depends on the CPU and the model, so the fast path measures whole
 passes both ways (:func:`measure`) and packs from the pass size where that won
-(:mod:`~tinyserve.backends.fast`'s ``eager_passes``). Measured on a 2-core AMD EPYC (Zen 5, one
-thread, a 5504 x 2048 fp32 weight read from memory): oneDNN's packed linear ran 2.3-2.5x as
-fast as ``F.linear`` at every row count from 2 to 512 (225 against 96 GFLOP/s at 128 rows); at
-one row the two were within 20%. The mode costs each operation of a pass a few microseconds
-of Python, so on the course's small models a pass of a few tokens loses (there, the shipped
-target's 3-token pass took 2.8 ms packed against 2.2 plain, its 64-token pass 5.5 against
-8.6) and on the draft model plain won at every size.
+(:mod:`~tinyserve.backends.fast`'s ``eager_passes``). On CPUs where MKL's few-row ``sgemm`` is
+slow, the packed linear wins at every row count past one, by a wide margin on a weight read
+from memory; at one row both stream the weight once and come out close. The mode also costs
+each operation of a pass some Python, so on a small model a pass of a few tokens can lose,
+and a model small enough (the draft) can lose at every size. ``bench scale`` times the
+eager step over packed weights against plain ``F.linear`` (its rows sweep), and
+:class:`PassTimes` says what :func:`measure` found on the machine it ran on.
 
 :class:`PackedLinears` is a :class:`~torch.overrides.TorchFunctionMode`: while it is held,
 every fp32 CPU linear or matmul against a 2-D weight, with at least ``min_rows`` rows, runs on
@@ -49,9 +49,9 @@ __all__ = ["FLUSH_BYTES", "KEPT_FILE", "MIN_ROWS", "PROBE_ROWS", "PackedLinears"
            "available", "linear", "measure", "measure_kept", "pack"]
 
 #: The fewest rows a matmul needs to go to the packed copy. One row (a prompt's last position
-#: at the LM head, a one-token prompt) stays on the plain weight: the two kernels were within
-#: 20% of each other there, and packing the LM head would hold another copy of the largest
-#: weight for it.
+#: at the LM head, a one-token prompt) stays on the plain weight: a one-row product streams
+#: the weight once whichever kernel reads it, so the packed layout has little to win there,
+#: and packing the LM head would hold another copy of the largest weight for it.
 MIN_ROWS = 2
 
 #: The rows a weight is packed for (a hint: the copy serves any number of rows).
@@ -156,8 +156,8 @@ class PassTimes:
 
 #: Bytes written before each timed call or pass on a CPU (here, the autotuner's in
 #: :mod:`~tinyserve.backends.fast`, ``bench scale``'s kernel probes): more than a last-level
-#: cache holds (the course's machines: 32 and 105 MiB), so the weights come from memory, as
-#: in a decode step or a prefill.
+#: cache holds (tens of MiB on most CPUs, around a hundred on large server parts), so the
+#: weights come from memory, as in a decode step or a prefill.
 FLUSH_BYTES = 256 * 2**20
 #: The pass sizes :func:`measure` times: a short prompt's few tokens, to a prefill's many.
 PROBE_ROWS = (4, 16, 64)
