@@ -49,7 +49,7 @@ class Goal:
 
 #: Relative change between two runs of the same code that is still noise, when a ratio has
 #: no repeated runs on file: the timing ratios of bench/results/runs/ (the hf and decode
-#: suites, five and three idle runs) moved by 4-16% of their mean between runs.
+#: suites' repeated idle runs) moved by up to about this share of their mean between runs.
 DEFAULT_BAND = 0.15
 #: Accounting and simulator figures (no wall clock: the same schedule, the same seeds)
 #: move only by the report's rounding.

@@ -1,8 +1,9 @@
 """How busy the machine is around a benchmark run: the 1-minute load average before and
 after, and the threshold past which a run's ratios are not comparable with a quiet run's.
 
-Why it matters: on the shared 2-core VM, runs at load 5-16 squeezed every speed ratio
-towards 1 (both sides wait for a core alike), and such runs read like regressions.
+Why it matters: on a shared machine, runs at a load of several times its cores squeezed
+every speed ratio towards 1 (both sides wait for a core alike), and such runs read like
+regressions.
 """
 from __future__ import annotations
 

@@ -132,6 +132,12 @@ def test_a_missed_few_row_goal_names_the_kernel_alone() -> None:
                  "scale_engine_throughput_4_vs_1"):
         assert clause in notes[name]
     assert "(11.0 against 6.1 GB/s), eager 2.60x" in notes["scale_step_rows4_vs_rows1"]
+    assert "kernel itself does not stream its weight" in notes["scale_step_rows4_vs_rows1"]
+    # a kernel that serves the rows at about one row's cost: the note says it, not the opposite
+    k["ratio"]["down_proj/compiled"] = 1.1
+    notes = scale.explain(scale.scale_ratios(m), m)
+    assert "not this kernel's alone" in notes["scale_step_rows4_vs_rows1"]
+    assert "does not stream" not in notes["scale_step_rows4_vs_rows1"]
 
 
 def test_a_missed_mbu_goal_holds_the_one_row_kernel_alone_against_the_probe() -> None:

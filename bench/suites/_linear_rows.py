@@ -5,10 +5,11 @@ the matmul kernel itself: a weight read once serves every row, so a kernel that 
 the memory's rate costs about the same at 5 rows as at 1 (``scale_verify_k4_vs_step``,
 ``scale_step_rows4_vs_rows1``, and through them speculation's and the engine's ratios).
 
-Seen while writing it (a 2-core Xeon with AMX, one thread, a 2048 x 5504 fp32 weight, 45 MB):
-``F.linear`` read at 10.8 GB/s at 1 row and 4.6 at 5 (MKL's sgemm); the weight transposed or the product
-taken as ``W @ x.T`` read at 4.4-8.0 at 5 rows; the compiled recipe 10.6 and 6.0; a
-multiply-and-sum that inductor turns into a reduction 7.1 and 4.3.
+How fast a few-row product streams its weight depends on the CPU and its BLAS. Other ways
+to take it were tried while writing this (the weight transposed, the product as ``W @ x.T``,
+a multiply-and-sum that inductor turns into a reduction) and none held a 5-row product at the
+one-row rate where ``F.linear`` and the compiled recipe did not, so only those two are timed.
+Each run's figures are in its report (``linear_rows`` in bench/results/scale.json).
 """
 from __future__ import annotations
 
@@ -96,10 +97,21 @@ def kernel_sentence(k: dict[str, Any], name: str = "down_proj") -> str:
         if key in k["ratio"]:
             parts.append(f"{path} {k['ratio'][key]:.2f}x ({k['gb_per_s'][f'{key}/{first}']:.1f} "
                          f"against {k['gb_per_s'][f'{key}/{last}']:.1f} GB/s)")
-    return (f"one {name} alone ({k['weight_bytes'][name] / 1e6:.0f} MB, caches flushed) costs at "
-            f"{last} rows, against {first}: " + ", ".join(parts)
-            + ": the matmul kernel itself does not stream its weight at the memory's rate "
-              "when it serves several rows")
+    head = (f"one {name} alone ({k['weight_bytes'][name] / 1e6:.0f} MB, caches flushed) costs at "
+            f"{last} rows, against {first}: " + ", ".join(parts))
+    cheapest = min(k["ratio"][f"{name}/{path}"] for path in ("compiled", "eager")
+                   if f"{name}/{path}" in k["ratio"])
+    if cheapest < ROWS_AT_ONE_ROW_COST:
+        return head + (f": at {last} rows the matmul kernel alone takes under "
+                       f"{ROWS_AT_ONE_ROW_COST:g}x one row's time, so the step's extra cost is "
+                       "not this kernel's alone")
+    return head + (": the matmul kernel itself does not stream its weight at the memory's rate "
+                   "when it serves several rows")
+
+
+#: A kernel whose few-row call costs less than this many times its one-row call counts as
+#: serving the rows at about one row's cost (the knee's factor, ``bench scale``).
+ROWS_AT_ONE_ROW_COST = 1.5
 
 
 #: Where a kernel alone counts as streaming at the memory's rate: this share of the probe's.

@@ -1,9 +1,9 @@
 """``bench scale``'s decode step on the loops' path, timed in turns with the read probe it is
 judged against (``scale_decode_mbu_b1``, ``scale_step_rows4_vs_rows1``).
 
-Why in turns: on a shared two-core machine the same eager step took 59 to 86 ms within one
-minute (the scale model, one thread, fastest of 3 runs of 16 steps, a new process each
-minute), and the matvec probe 11.5 to 14.7 GB/s. An MBU taken from a step timed in one
+Why in turns: on a shared machine the same eager step (the scale model, one thread, fastest
+of 3 runs of 16 steps, a new process each minute) can move by a large fraction of itself from
+one minute to the next, and the read probe with it. An MBU taken from a step timed in one
 moment and a bandwidth taken in others moves with whichever moment was busier. Taken in
 turns, each round's step and probe are seconds apart, so a busy spell slows both, and the
 ratio of the two from the same round cancels it; the median over rounds is quoted.

@@ -12,15 +12,16 @@ limit of ``max_num_seqs`` running sequences:
 ``continuous_vs_static_throughput`` is output tokens/s continuous / static at
 ``max_num_seqs`` 16 with 96 requests (six static batches). Until December 2026 it was
 measured at 8 with 48 requests (also six batches; ``at_8_seqs`` in the JSON, still run):
-there continuous batching fills 1.95x as many rows per step as static, and that occupancy
-ratio is the ceiling of the throughput ratio, reached only where a step costs the same for
-3 rows as for 7; on this CPU it costs about 1.2x as much (one thread: the matrix multiplies
-grow with the rows), so 8 slots gave about 1.5x. Why 16: vLLM's default limit is 256
-running sequences on most GPUs, 1024 on GPUs of 70 GiB or more (not A100s) and 128 on a CPU
-(``EngineArgs.get_batch_defaults`` in ``vllm/engine/arg_utils.py``), so 8 understated how many requests a static batch holds, and
-the longest of 16 long-tailed replies holds its batch longer than the longest of 8. The
-request count follows the slots (six batches' worth) so the backlog is the same length as
-before, measured in batches. Prompt and output distributions are unchanged.
+there continuous batching fills 1.95x as many rows per step as static, and that occupancy ratio
+is the ceiling of the throughput ratio, reached only where a step costs the same for 3 rows as
+for 7; on a CPU thread a 7-row step costs more (the matrix multiplies grow with the rows), so
+at 8 slots the throughput ratio fell short of the occupancy ratio (both in the report's
+``at_8_seqs``). Why 16: vLLM's default limit is 256 running sequences on most GPUs, 1024 on
+GPUs of 70 GiB or more (not A100s) and 128 on a CPU (``EngineArgs.get_batch_defaults`` in
+``vllm/engine/arg_utils.py``), so 8 understated how many requests a static batch holds, and the
+longest of 16 long-tailed replies holds its batch longer than the longest of 8. The request
+count follows the slots (six batches' worth) so the backlog is the same length as before,
+measured in batches. Prompt and output distributions are unchanged.
 
 Then the frontier: continuous batching with ``max_num_seqs`` 1, 2, 4, 8, 16, each point's
 output throughput against its median TPOT (what each user feels per token): more sequences

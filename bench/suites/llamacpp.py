@@ -7,9 +7,9 @@ writer (:func:`tinyserve.hf_export.write_hf_checkpoint`), converts that folder t
 and q8_0 with llama.cpp's own converter (``convert_hf_to_gguf.py``, which ships in the
 llama-cpp-python source distribution; ``make peers`` unpacks it), and runs llama.cpp through
 llama-cpp-python in its own venv (``.venv-peers/llamacpp``, built from source by ``make
-peers``: 15-35 minutes on 2 cores). llama.cpp runs in a worker process of that venv (this file,
-run with ``--worker``), driven over a pipe; each figure it returns is timed inside the worker
-around the llama.cpp calls, so the pipe costs nothing.
+peers``: a long compile on a machine with few cores). llama.cpp runs in a worker process of
+that venv (this file, run with ``--worker``), driven over a pipe; each figure it returns is
+timed inside the worker around the llama.cpp calls, so the pipe costs nothing.
 
 The converter runs in the course's own venv (it needs torch and transformers, which `make
 bench`'s venv has) with the ``gguf-py`` package that ships beside it. Our tokenizer is
@@ -226,10 +226,10 @@ class Peer:
         self.lib = llama_cpp
         # Extra buffer types off (llama.cpp's --no-extra-bufts; Llama() has no argument for
         # it, so the defaults it starts from are patched while it loads): on a CPU with AMX
-        # they put q8_0 weights in an AMX buffer, and on the course's 2-core Xeon with AMX
-        # (2026-12-03) the first q8_0 step then crashed in ggml_backend_amx_mul_mat (a general
-        # protection fault, f32 unaffected; as in ggml-org/llama.cpp issue 20824). Without
-        # them q8_0 runs ggml's CPU dot product (AVX512-VNNI where the CPU has it).
+        # they put q8_0 weights in an AMX buffer, and there the first q8_0 step can crash in
+        # ggml_backend_amx_mul_mat (a general protection fault, f32 unaffected; seen on
+        # 2026-12-03, as in ggml-org/llama.cpp issue 20824). Without them q8_0 runs ggml's
+        # CPU dot product (AVX512-VNNI where the CPU has it).
         defaults = capi.llama_model_default_params
 
         def without_extra_buffers() -> Any:
@@ -759,7 +759,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
                     "llamacpp": {"llama_cpp_python": loaded["f32"]["version"],
                                  "system_info": loaded["f32"]["system_info"],
                                  "api": "llama_decode on llama_batch_get_one (low level)",
-                                 "extra_buffer_types": "off (AMX q8_0 crashed on this host: Peer)"}}
+                                 "extra_buffer_types": "off (AMX q8_0 can crash: Peer)"}}
     conditions = {"model": f"bandwidth (seeded random, hidden {cfg.hidden_size}, MLP "
                            f"{cfg.intermediate_size}, {cfg.num_hidden_layers} layers)",
                   "threads": "1 each (torch: set_num_threads(1); llama.cpp: n_threads=1)",

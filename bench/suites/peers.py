@@ -65,7 +65,7 @@ from ..common import report, table, write_json
 REPO = Path(__file__).resolve().parents[2]
 PEERS = ("guidellm", "transformers")
 #: Not in ``bench all``: it needs ``make peers`` (two more venvs) and runs its own servers for
-#: about 15 minutes; run it on its own.
+#: many minutes; run it on its own.
 BENCH_ALL = False
 MODES = ("completions", "chat")
 CONCURRENCY = (1, 4)

@@ -3,7 +3,7 @@ model, held against this machine's own roofline measured in the same run.
 
 The scale model (:mod:`tinyserve.scale`, ``load_model("bandwidth")``) is the shipped
 ``TinyLlama`` code at a size whose weights must come from DRAM (or HBM) on every decode step:
-on this CPU 8x the last-level cache, on CUDA the GPU timing preset. Its weights are seeded
+on a CPU 8x its last-level cache, on CUDA the GPU timing preset. Its weights are seeded
 random numbers, so its text is noise; only its timings mean something.
 
 What one run measures, in this order (the fast path's parts after the eager speculative
@@ -106,8 +106,8 @@ K = 4                 # draft tokens per speculative step (the issue's k)
 #: target/draft pair measures at k = 4 (bench spec's ``spec_acceptance_k4``, 0.85 on
 #: 2026-12-01). The run measures the acceptance it actually got and predicts from that.
 SPEC_ACCEPTANCE = 0.8
-#: Rounds of the loops' step in turns with the read probe (:mod:`._loops_step`): ~20 s each
-#: on the scale model on two cores.
+#: Rounds of the loops' step in turns with the read probe (:mod:`._loops_step`); the report
+#: keeps each round's figures.
 LOOPS_ROUNDS = 9
 LONG_CONTEXT = 512    # the cached-vs-recompute and prefill comparisons
 QUICK_DRAFT = ModelConfig(vocab_size=128, hidden_size=16, intermediate_size=32,
@@ -121,8 +121,9 @@ def fastest_mode(device: torch.device, quick: bool) -> dict[str, Any]:
     """How the fastest compiled path is built here (:func:`~tinyserve.roofline.
     compiled_step_seconds`'s options): on a CPU max-autotune with freezing (the weights
     become constants, packed once for the GEMM kernel the autotuner picks: inductor's C++
-    template or MKL's linear, :func:`~tinyserve.roofline.compile_settings`; issue 30 measured
-    1.2-1.5x one row at 4 rows with the template, eager F.linear 2-2.2x), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
+    template or MKL's linear, :func:`~tinyserve.roofline.compile_settings`; chosen because
+    its 4-row step costs nearer one row's than eager ``F.linear``'s, which the rows sweep
+    measures), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
     only traces (code generation takes minutes)."""
     if quick and device.type == "cpu":
         return {"backend": "eager", "mode": None, "freezing": False}
@@ -143,9 +144,9 @@ class VerifyDecoder(CompiledDecoder):
 def forget_compiled(model: TinyLlama) -> None:
     """Drop every compiled graph before compiling the next: with freezing, each holds the
     weights as constants (packed for its GEMMs) in the globals of the Python module inductor
-    generated, and a dynamo reset alone leaves those modules loaded (measured here: +400 MB
-    of resident memory per bucket, 4.8 GB peak over the sweep; with this, 1.9 GB). The fast
-    path's compiled passes (speculation) go too."""
+    generated, and a dynamo reset alone leaves those modules loaded (measured: resident
+    memory then grew with every bucket compiled, and the sweep's peak was far above what it
+    is with this). The fast path's compiled passes (speculation) go too."""
     import sys
 
     from torch._inductor.codecache import PyCodeCache

@@ -84,9 +84,9 @@ def _routing_workload(n: int, rate: float, seed: int) -> list:
 
 
 def _routing_sim(quick: bool) -> dict[str, Any]:
-    # The shipped fit, as chapter 9 uses it. The rate keeps the replicas busy enough for
-    # routing to matter under that fit (16 req/s on the December 2026 fit, about twice the
-    # November one's 8): refit much faster and the queues, and the gain, vanish.
+    # The shipped fit, as chapter 9 uses it. The rate (16 req/s) keeps the replicas busy
+    # enough for routing to matter under that fit: a fit of a much faster machine empties
+    # the queues, and the gain vanishes.
     cost = CostModel.load()
     config = EngineConfig(num_blocks=2048, block_size=16, max_num_seqs=16,
                           max_num_batched_tokens=256)
