@@ -258,7 +258,8 @@ def add_calibrate_parser(sub: SubParsers) -> None:
     k = sub.add_parser("calibrate", help="fit the simulator's cost model on this machine")
     add_model_argument(k)
     k.add_argument("--repeats", type=int, default=60,
-                   help="timings per batch shape, round the grid (fastest kept; 60: ~20 s)")
+                   help="timings per batch shape, round the grid (fastest kept; 60 takes tens of "
+                        "seconds on one thread)")
     k.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1, as the chapters and the bench run)")
     k.add_argument("--write", metavar="PATH",
