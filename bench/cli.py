@@ -11,7 +11,8 @@ from . import run_suite
 VERBS = {
     "all": "every CPU suite in turn, one thread each, into bench/results/ (make bench)",
     "ledger": "the headline table rendered from bench/results/ (--write: into the READMEs)",
-    "compare": "OLD NEW: each ratio's change between two reports, regressions marked",
+    "compare": "OLD NEW: each ratio's change between two reports, regressions marked (one "
+               "ISA class of host; --across-hosts: any, with a warning)",
 }
 
 
@@ -25,12 +26,12 @@ def _ledger(write: bool) -> int:
     return 0
 
 
-def _compare(paths: list[str]) -> int:
+def _compare(paths: list[str], across_hosts: bool = False) -> int:
     from .compare import load_report, render
     if len(paths) != 2:
         raise ValueError("bench compare takes two reports: OLD.json NEW.json (or "
                          "COMMIT:bench/results/SUITE.json for a stored one)")
-    text, worse = render(load_report(paths[0]), load_report(paths[1]))
+    text, worse = render(load_report(paths[0]), load_report(paths[1]), across_hosts)
     print(text)
     return 1 if worse else 0
 
@@ -44,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if args.suite == "ledger":
         return _ledger(args.write)
     if args.suite == "compare":
-        return _compare(args.paths)
-    if args.paths or args.write or args.out or args.suites:
-        raise ValueError(f"bench {args.suite} takes --json, --quick and --compile only; "
-                         f"PATHS, --write, --out and --suites belong to: {', '.join(VERBS)}")
+        return _compare(args.paths, getattr(args, "across_hosts", False))
+    if args.paths or args.write or args.out or args.suites or getattr(args, "across_hosts", False):
+        raise ValueError(f"bench {args.suite} takes --json, --quick and --compile only; PATHS, "
+                         f"--write, --out, --suites and --across-hosts belong to: "
+                         f"{', '.join(VERBS)}")
     run_suite(args.suite, json_path=args.json, quick=args.quick, compile=args.compile)
     return 0

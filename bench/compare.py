@@ -5,6 +5,10 @@ declared better direction, :mod:`bench.headlines`) by more than its noise band i
 ``worse``. OLD and NEW are report files, or ``COMMIT:bench/results/SUITE.json`` for a report
 as a commit stored it. ``make bench`` runs this against the previous report before
 overwriting it.
+
+Two hosts of different ISA classes (AVX2, AVX-512, AMX, Arm) run different kernels, so their
+ratios are not compared unless asked (``--across-hosts``, which still warns); a report that
+does not record its host is compared with a warning that nobody can tell.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tinyserve.provenance import host_key, isa_class, machine_summary, same_isa_class
 from tinyserve.tables import table
 
 from .headlines import BY_SUITE, DEFAULT_BAND, Better, Headline, headline
@@ -92,9 +97,42 @@ def _center(suite: str, name: str) -> float:
     return h.goal.center if h and h.goal else 1.0
 
 
-def render(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, int]:
-    """The comparison as printed, and how many ratios moved the wrong way beyond noise."""
+class HostMismatch(ValueError):
+    """Two reports from hosts of different ISA classes: their ratios are not comparable."""
+
+
+def host_warnings(old: dict[str, Any], new: dict[str, Any],
+                  across_hosts: bool = False) -> list[str]:
+    """What to say about the two runs' hosts before their ratios; raises
+    :class:`HostMismatch` when their ISA classes differ and ``across_hosts`` is not set."""
+    a, b = old.get("machine"), new.get("machine")
+    same = same_isa_class(a, b)
+    hosts = (f"  old: {machine_summary(a) if isinstance(a, dict) else 'host not recorded'}\n"
+             f"  new: {machine_summary(b) if isinstance(b, dict) else 'host not recorded'}")
+    if same is False:
+        why = (f"the old run's host is {isa_class(a)}, the new run's {isa_class(b)}: they run "
+               f"different kernels, so their ratios are not comparable\n{hosts}")
+        if not across_hosts:
+            raise HostMismatch(f"REFUSED: different hosts. {why}\nRe-run both on one machine, "
+                               f"or pass --across-hosts to compare anyway.")
+        return [f"WARNING: ACROSS HOSTS (--across-hosts): {why}"]
+    if same is None:
+        which = [w for w, r in (("old", a), ("new", b)) if isa_class(r) in (None, "unknown")]
+        return [f"WARNING: the {' and '.join(which)} run's host is not recorded (a report from "
+                f"before issue 50, or an OS that would not say): nobody can tell whether "
+                f"these ratios come from one kind of machine\n{hosts}"]
+    if host_key(a) != host_key(b):
+        return [f"note: two CPU models of one ISA class ({isa_class(a)}); ratios may still "
+                f"differ with caches and memory\n{hosts}"]
+    return []
+
+
+def render(old: dict[str, Any], new: dict[str, Any],
+           across_hosts: bool = False) -> tuple[str, int]:
+    """The comparison as printed, and how many ratios moved the wrong way beyond noise;
+    raises :class:`HostMismatch` across ISA classes unless ``across_hosts``."""
     suite = str(new.get("suite"))
+    warnings = host_warnings(old, new, across_hosts)
     rows, worse = [], 0
     for c in changes(old, new):
         verdict = c.verdict(_center(suite, c.name))
@@ -103,7 +141,7 @@ def render(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, int]:
                      "-" if c.new is None else f"{c.new:.4g}",
                      "-" if c.relative is None else f"{c.relative:+.1%}",
                      c.direction or "-", f"{c.band:.0%}", verdict])
-    lines = [f"bench {suite}: {_stamp(old)} -> {_stamp(new)}",
+    lines = [*warnings, f"bench {suite}: {_stamp(old)} -> {_stamp(new)}",
              table(["ratio", "old", "new", "change", "better", "noise band", "verdict"], rows)]
     for report, which in ((old, "old"), (new, "new")):
         if (report.get("load") or {}).get("busy"):
@@ -112,6 +150,7 @@ def render(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, int]:
         if report.get("quick"):
             lines.append(f"note: the {which} run is a --quick run; its figures mean nothing")
     lines.append(f"{worse} ratio(s) moved the wrong way by more than their noise band")
+    lines += [w.splitlines()[0] for w in warnings if w.startswith("WARNING")]   # again, last
     return "\n".join(lines), worse
 
 

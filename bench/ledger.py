@@ -15,6 +15,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
+from tinyserve.provenance import NOT_RECORDED, host_key, machine_summary
 from tinyserve.workbook.markers import section, write_section
 
 from .headlines import SUITES, Headline, SuiteHeadlines
@@ -23,7 +24,7 @@ from .staleness import Measured, measured
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("bench/results")   # relative to the repository root
 LEDGER, RUNS = "bench-ledger", "bench-runs"
-HEADERS = ("suite", "ratio", "value", "goal", "met", "commit", "date", "load")
+HEADERS = ("suite", "ratio", "value", "goal", "met", "commit", "date", "load", "host")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Row:
     commit: str
     date: str
     load: str
+    host: str
 
 
 def read_report(path: Path) -> dict[str, Any] | None:
@@ -78,23 +80,49 @@ def load_cell(report: dict[str, Any]) -> str:
     return cell + ", busy" if load.get("busy") else cell
 
 
+class HostLabels:
+    """A short label per host for a table's cells (its CPU model and ISA class, numbered
+    when two different machine blocks share one), and a legend giving each in full once."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str] = {}   # full summary -> label, in order of appearance
+
+    def label(self, report: dict[str, Any]) -> str:
+        machine = report.get("machine")
+        key = host_key(machine)
+        if key is None:
+            return NOT_RECORDED
+        summary = machine_summary(machine)
+        if summary not in self.labels:
+            same = sum(label.split(" (")[0] == key for label in self.labels.values())
+            self.labels[summary] = key if same == 0 else f"{key} ({same + 1})"
+        return self.labels[summary]
+
+    def legend(self) -> str:
+        hosts = "; ".join(f"*{label}*: {summary}" for summary, label in self.labels.items())
+        return f"Hosts: {hosts}." if hosts else ""
+
+
 def commit_cell(where: Measured) -> str:
     return where.short if where.state == "current" else f"{where.short}, {where.state}"
 
 
 def headline_row(entry: SuiteHeadlines, h: Headline, report: dict[str, Any],
-                 where: Measured) -> Row | None:
+                 where: Measured, host: str = NOT_RECORDED) -> Row | None:
     value = h.read(report)
     if value is None:
         return None
     met = "-" if h.goal is None else ("yes" if h.goal.met(value) else "no")
     return Row(entry.suite, f"`{h.name}`", h.fmt.format(value),
                h.goal.text(h.fmt) if h.goal else "-", met, commit_cell(where), when(report),
-               load_cell(report))
+               load_cell(report), host)
 
 
-def ledger_rows(root: Path = ROOT) -> tuple[list[Row], list[str]]:
-    """Every headline row of the stored reports, and a note for each one left out."""
+def ledger_rows(root: Path = ROOT,
+                hosts: HostLabels | None = None) -> tuple[list[Row], list[str]]:
+    """Every headline row of the stored reports, and a note for each one left out; ``hosts``
+    collects the rows' hosts for the legend."""
+    hosts = HostLabels() if hosts is None else hosts
     rows: list[Row] = []
     notes: list[str] = []
     for entry in SUITES:
@@ -105,7 +133,7 @@ def ledger_rows(root: Path = ROOT) -> tuple[list[Row], list[str]]:
             continue
         where = measured(report["git_commit"], entry.sources, root)
         for h in entry.headlines:
-            row = headline_row(entry, h, report, where)
+            row = headline_row(entry, h, report, where, hosts.label(report))
             if row is None:
                 notes.append(f"`{h.name}` is not in {entry.result_file}")
             else:
@@ -122,27 +150,37 @@ LEGEND = ("Rendered by `python -m tinyserve bench ledger --write` from `bench/re
           "(never edit by hand). *stale*: the code the suite times (its sources in "
           "`bench/headlines.py`) changed since that commit, so the figure is of older code; "
           "*unknown*: git here lacks that commit. Load: 1-minute load average before / after "
-          "the run; *busy* runs are not comparable with quiet ones.")
+          "the run; *busy* runs are not comparable with quiet ones. Host: the CPU model and "
+          "ISA class of the machine that ran it (each in full below): ratios from hosts of "
+          "different ISA classes run different kernels and are not comparable; *not "
+          "recorded*: the report predates the machine block naming its CPU (issue 50), so "
+          "its host is unknown until its suite is re-run.")
 
 
 def render_ledger(root: Path = ROOT) -> str:
-    rows, notes = ledger_rows(root)
+    hosts = HostLabels()
+    rows, notes = ledger_rows(root, hosts)
     text = markdown_table(HEADERS, [astuple(r) for r in rows]) + "\n\n" + LEGEND
+    if hosts.legend():
+        text += "\n\n" + hosts.legend()
     if notes:
         text += "\n\nNot rendered: " + "; ".join(notes) + "."
     return text
 
 
 def render_runs(root: Path = ROOT) -> str:
-    """One line per stored report under bench/results/: suite, commit, date, load."""
+    """One line per stored report under bench/results/: suite, commit, date, load, host."""
+    hosts = HostLabels()
     rows = []
     for path in sorted((root / RESULTS).rglob("*.json")):
         report = read_report(path) or {}
         commit = report.get("git_commit")
         rows.append((f"`{path.relative_to(root / RESULTS)}`", str(report.get("suite", "-")),
                      Measured(commit, "current").short if commit else "none", when(report),
-                     load_cell(report), "yes" if report.get("quick") else "no"))
-    return markdown_table(("file", "suite", "commit", "date", "load", "quick"), rows)
+                     load_cell(report), "yes" if report.get("quick") else "no",
+                     hosts.label(report)))
+    table = markdown_table(("file", "suite", "commit", "date", "load", "quick", "host"), rows)
+    return table + ("\n\n" + hosts.legend() if hosts.legend() else "")
 
 
 def sections(root: Path = ROOT) -> list[tuple[Path, str, str]]:

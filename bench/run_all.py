@@ -2,9 +2,9 @@
 each in its own process with one thread, into ``bench/results/``.
 
 Each suite writes to a scratch folder first; the new report is compared with the one it
-replaces (:mod:`bench.compare`), then its files (JSON, the printed tables as ``.txt``, any
-plot) are moved over the old ones. A progress line per suite says how long it took and how
-busy the machine was.
+replaces (:mod:`bench.compare`; not when their hosts' ISA classes differ, the compare's own
+rule), then its files (JSON, the printed tables as ``.txt``, any plot) are moved over the
+old ones. A progress line per suite says how long it took and how busy the machine was.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from . import SUITES, setting
-from .compare import load_report, render
+from .compare import HostMismatch, load_report, render
 from .machine_load import busy_threshold, load_average
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,11 +50,16 @@ def run_one(suite: str, scratch: Path, quick: bool) -> subprocess.CompletedProce
 
 
 def replace_results(suite: str, scratch: Path, out: Path) -> None:
-    """Compare the new report with the one it replaces, then move the new files in."""
+    """Compare the new report with the one it replaces (unless their hosts run different
+    kernels: then say so loudly), then move the new files in."""
     old = out / f"{suite}.json"
     if old.exists():
-        print(render(load_report(str(old)), load_report(str(scratch / f"{suite}.json")))[0],
-              flush=True)
+        try:
+            text = render(load_report(str(old)), load_report(str(scratch / f"{suite}.json")))[0]
+        except HostMismatch as err:
+            text = (f"bench {suite}: not compared with the report it replaces. {err} (A "
+                    f"committed old report stays in git: bench compare COMMIT:PATH NEW.)")
+        print(text, flush=True)
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(scratch.iterdir()):
         shutil.move(str(path), str(out / path.name))

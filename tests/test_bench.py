@@ -42,6 +42,7 @@ def _check_report(data: dict, suite: str) -> None:
                for k, v in data["ratios"].items())
     assert data["machine"]["torch"] and data["machine"]["cpu_count"]
     assert data["machine"]["torch_threads"] == 1     # one torch thread per process in bench
+    assert {"cpu_model", "cpu_isa", "torch_cpu_capability"} <= set(data["machine"])  # issue 50
     assert data["date"][:2] == "20"
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from bench import ledger
-from bench.compare import changes, load_report, render
+from bench.compare import HostMismatch, changes, load_report, render
 from bench.headlines import SUITES, Goal
 from bench.machine_load import busy_threshold, busy_warning, stamp
+from bench.run_all import replace_results
 from bench.staleness import is_shallow
 from tinyserve.__main__ import main
 
@@ -118,6 +119,7 @@ def test_a_row_shows_value_goal_met_commit_date_and_load(repo: Path) -> None:
     r = rows["spec_speedup_k4"]
     assert (r.value, r.goal, r.met) == ("1.34x", ">= 1.50x", "no")
     assert (r.commit, r.date, r.load) == (head[:7], "2026-12-01 07:08", "0.4 / 1.3")
+    assert r.host == "not recorded"                              # the fixture has no machine
     assert rows["spec_measured_vs_predicted_k4"].value == "0.67"   # 1.34 / 2.0, from measurements
     assert rows["ngram_speedup_k4"].met == "yes"
     assert rows["spec_acceptance_k4"].goal == "-" and rows["spec_acceptance_k4"].met == "-"
@@ -172,6 +174,85 @@ def test_write_replaces_only_the_marked_sections(repo: Path) -> None:
     readme = (repo / "README.md").read_text()
     assert readme.startswith("intro\n") and readme.endswith("prose\n") and "| spec |" in readme
     assert "| `spec.json` | spec |" in (repo / "bench/results/README.md").read_text()
+
+
+# ---- hosts (issue 50) ----------------------------------------------------------------------
+
+def machine(model: str, isa: list[str]) -> dict:
+    """A machine block as machine_info() writes it since issue 50."""
+    return {"cpu_model": model, "cpu_vendor": "AuthenticAMD", "cpu_isa": isa,
+            "cache_l2_bytes": 2**20, "cache_l3_bytes": 2**25, "cpu_arch": "x86_64",
+            "torch_cpu_capability": "AVX2", "torch_blas": "MKL", "onednn": True,
+            "cpu_count": 2, "torch_threads": 1, "torch": "2.13.0"}
+
+
+AVX2 = machine("AMD EPYC 7B13", ["avx2", "fma"])
+AVX512 = machine("AMD EPYC 9B45", ["avx2", "avx512bw", "avx512f", "fma"])
+OLD = {"cpu_count": 2, "torch_threads": 1, "torch": "2.13.0", "processor": "x86_64"}
+
+
+def test_a_row_names_its_host_and_the_legend_gives_it_in_full(repo: Path) -> None:
+    head = _git(repo, "rev-parse", "HEAD")
+    write_spec(repo, spec_report(head, machine=AVX2))
+    assert {r.host for r in spec_rows(repo).values()} == {"AMD EPYC 7B13, AVX2"}
+    text = ledger.render_ledger(repo)
+    assert text.splitlines()[0].endswith("| load | host |")
+    assert ("Hosts: *AMD EPYC 7B13, AVX2*: AMD EPYC 7B13 (AuthenticAMD), AVX2 (FMA), L2 1 MiB, "
+            "L3 32 MiB, torch CPU capability AVX2, BLAS MKL, oneDNN on, 2 cores, 1 thread, "
+            "torch 2.13.0.") in text
+    write_spec(repo, spec_report(head, machine=OLD))            # a report from before the keys
+    assert {r.host for r in spec_rows(repo).values()} == {"not recorded"}
+    assert "Hosts:" not in ledger.render_ledger(repo)
+    assert "| no | not recorded |" in ledger.render_runs(repo)
+
+
+def test_two_blocks_of_one_host_key_get_numbered_labels() -> None:
+    hosts = ledger.HostLabels()
+    other_torch = {**AVX2, "torch": "2.14.0"}
+    labels = [hosts.label({"machine": m}) for m in (AVX2, other_torch, AVX2, OLD)]
+    assert labels == ["AMD EPYC 7B13, AVX2", "AMD EPYC 7B13, AVX2 (2)", "AMD EPYC 7B13, AVX2",
+                      "not recorded"]
+    assert hosts.legend().count("AMD EPYC 7B13 (AuthenticAMD)") == 2
+
+
+def test_compare_refuses_hosts_of_different_isa_classes(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    old, new = spec_report("a" * 40, machine=AVX2), spec_report("b" * 40, machine=AVX512)
+    with pytest.raises(HostMismatch, match=r"REFUSED: different hosts\. the old run's host is "
+                                           r"AVX2, the new run's AVX-512"):
+        render(old, new)
+    text, _ = render(old, new, across_hosts=True)
+    assert text.startswith("WARNING: ACROSS HOSTS") and text.splitlines()[-1].startswith("WARNING")
+    assert "AMD EPYC 7B13" in text and "AMD EPYC 9B45" in text
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    paths = [str(tmp_path / "old.json"), str(tmp_path / "new.json")]
+    assert main(["bench", "compare", *paths]) == 2
+    err = capsys.readouterr().err
+    assert "REFUSED" in err and "AMD EPYC 7B13" in err and "--across-hosts" in err
+    assert main(["bench", "compare", *paths, "--across-hosts"]) == 0
+    assert "WARNING: ACROSS HOSTS" in capsys.readouterr().out
+
+
+def test_compare_goes_on_loudly_where_a_host_is_not_recorded() -> None:
+    text, _ = render(spec_report("a" * 40, machine=OLD), spec_report("b" * 40, machine=AVX512))
+    assert text.startswith("WARNING: the old run's host is not recorded")
+    assert "| spec_speedup_k4 |" in text or "spec_speedup_k4" in text
+    same, _ = render(spec_report("a" * 40, machine=AVX2), spec_report("b" * 40, machine=AVX2))
+    assert "WARNING" not in same and "note:" not in same.split("\n", 1)[0]
+
+
+def test_make_bench_does_not_compare_across_isa_classes_but_replaces(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, scratch = tmp_path / "results", tmp_path / "scratch"
+    out.mkdir()
+    scratch.mkdir()
+    (out / "spec.json").write_text(json.dumps(spec_report("a" * 40, machine=AVX2)))
+    (scratch / "spec.json").write_text(json.dumps(spec_report("b" * 40, machine=AVX512)))
+    replace_results("spec", scratch, out)
+    printed = capsys.readouterr().out
+    assert "bench spec: not compared with the report it replaces. REFUSED" in printed
+    assert json.loads((out / "spec.json").read_text())["git_commit"] == "b" * 40
 
 
 # ---- compare -----------------------------------------------------------------------------

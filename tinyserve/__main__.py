@@ -217,6 +217,8 @@ def add_bench_parser(sub: SubParsers) -> None:
                    help="ledger: write it into README.md and bench/results/README.md")
     b.add_argument("--compile", action="store_true",
                    help="time our side with the compiled decode step (suites: hf)")
+    b.add_argument("--across-hosts", action="store_true",
+                   help="compare: reports from hosts of different ISA classes too (warned)")
     b.set_defaults(func=_cmd_bench)
 
 

@@ -1,9 +1,12 @@
-"""The course machine's benchmark reports, read where a chapter cites them.
+"""The course's committed benchmark reports, read where a chapter cites them, each with the
+machine that ran it named beside the learner's.
 
 A chapter that compares the learner's run with the course's own (``bench/results/*.json``,
 written by ``python -m tinyserve bench SUITE``) reads the figure from the report in a cell,
 next to the run's date, commit and load, and never types it into the prose: a rerun that
-moves the figure then moves the sentence with it (issue 38). The reports live in the
+moves the figure then moves the sentence with it (issue 38). Which machine ran it is
+named too, next to the one the learner runs on (issue 50): an AVX2 laptop and the AVX-512
+server that measured a report run different kernels. The reports live in the
 repository, not in the installed package, so outside a checkout there is nothing to read and
 :func:`course_run` says so instead of failing.
 """
@@ -15,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import CHECKOUT
+from ..provenance import isa_class, machine_info, machine_summary, same_isa_class
 
 #: Where ``bench`` writes its reports, in a checkout.
 RESULTS = CHECKOUT / "bench" / "results" if CHECKOUT else None
@@ -32,22 +36,37 @@ def course_run(suite: str, results: Path | None = RESULTS) -> dict[str, Any] | N
 def missing(suite: str) -> str:
     """What a chapter prints when the course's report for ``suite`` is not here."""
     return (f"The course's bench/results/{suite}.json is not here (outside a checkout of the "
-            f"repository): no figure of the course machine to compare with.")
+            f"repository): no figure measured on the course's benchmark machine to compare "
+            f"with this one ({machine_summary()}).")
 
 
-def provenance(report: dict[str, Any]) -> str:
-    """One line on where a report comes from: date, commit, cores and how busy the machine
-    was (``bench`` records the 1-minute load before and after the run)."""
-    machine, load = report.get("machine", {}), report.get("load", {})
+def provenance(report: dict[str, Any], here: dict[str, Any] | None = None) -> str:
+    """Where a report comes from: date, commit, cores and how busy the machine was (``bench``
+    records the 1-minute load before and after the run); then, a line each, the machine that
+    ran it and ``here`` (default: this one, now), and a warning when their kernels differ."""
+    machine, load = report.get("machine") or {}, report.get("load", {})
     busy = load.get("busy")
     state = "" if busy is None else (", busy" if busy else ", quiet")
     before = load.get("before")
     load_text = f", load {before:.1f}{state}" if isinstance(before, (int, float)) else state
     when = str(report.get("date", "?"))[:16].replace("T", " ")
-    return (f"bench {report.get('suite', '?')}, {when} UTC, "
+    line = (f"bench {report.get('suite', '?')}, {when} UTC, "
             f"commit {str(report.get('git_commit', '?'))[:7]}, "
             f"{machine.get('cpu_count', '?')} cores, {machine.get('torch_threads', '?')} torch "
             f"thread(s){load_text}")
+    return line + "\n" + machines(machine, machine_info() if here is None else here)
+
+
+def machines(theirs: dict[str, Any], here: dict[str, Any]) -> str:
+    """The committed run's machine and the learner's, a line each, and whether one can
+    expect the same figures from both."""
+    text = (f"  the course's run: {machine_summary(theirs)}\n"
+            f"  this machine:     {machine_summary(here)}")
+    same = same_isa_class(theirs, here)
+    if same is False:
+        text += (f"\n  different ISA classes ({isa_class(theirs)} there, {isa_class(here)} "
+                 f"here): different kernels run, so expect different figures")
+    return text
 
 
 def span(values: Iterable[float], fmt: str = "{:.2f}") -> str:
