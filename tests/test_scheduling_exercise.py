@@ -161,8 +161,8 @@ def test_classic_mistakes_get_messages_that_name_them(source):
     the correct solution runs first, so each mistake is the only thing wrong in its cell.
 
     In one kernel, not on the grading path: there every step of a policy's simulation is one
-    request to the kernel, and these mistakes took 455 s against 43 s in one kernel (2 busy
-    cores). The test cells run the same code either way (the tests' stand-in policy asks a
+    request to the kernel, and these mistakes took many times as long as in one kernel. The
+    test cells run the same code either way (the tests' stand-in policy asks a
     PolicyDriver, in-process here); test_grading_units checks the stand-in over the channel
     schedules exactly as the policy itself, and the sandboxed test below grades the solution
     and the blank release on the grading path."""
