@@ -13,8 +13,8 @@
   m = 4 (both are fractions; smaller is better).
 
 Conditions: the shipped target, fp32, one torch thread per process (two ranks, a core
-each on a machine with two or more, against one process on one core), gloo over loopback on the CPU. The
-one-process figures are taken by rank 0 alone, taking turns with the 2-rank runs inside one
+each on a machine with two or more, against one process on one core), gloo over loopback on
+the CPU. The one-process figures are taken by rank 0 alone, taking turns with the 2-rank runs inside one
 launch, so both see the same moments of a shared machine's load (which the report records). A GPU
 machine with one GPU per rank would use nccl; with fewer GPUs than ranks the ranks run on
 the CPU, as here. ``--quick`` runs a tiny random model with few repeats: its figures only
