@@ -86,8 +86,14 @@ system-deps:
 #   instructor  (make lab-instructor) everything nbgrader has
 #   student     what the hub gives a student: learner plus the Assignments tab (exchange)
 # The server's log goes to LAB_LOG; the last line printed is the address to open.
+# Before it, the fast path's line (tinyserve.backends.toolchain: whether torch.compile can build
+# CPU kernels here, else the cause and this OS's fix; the course runs either way). The probe
+# imports torch and compiles a tiny kernel while the server starts; the address waits for it at
+# most LAB_FAST_CHECK seconds (0: no probe). Its line is also kept in LAB_FAST_LINE.
 ROLE         ?= learner
 LAB_LOG      ?= $(CURDIR)/artifacts/lab-$(ROLE).log
+LAB_FAST_CHECK ?= 30
+LAB_FAST_LINE = $(basename $(LAB_LOG)).fast-path.txt
 LAB_FLAGS     = --no-browser --ip=$(LAB_IP) --port=$(LAB_PORT) --ServerApp.port_retries=0 \
   $(ROOT_FLAG) --ServerApp.root_dir="$(LAB_ROOT)" --IdentityProvider.token='' \
   --LabApp.default_url="/lab/tree/$(LAB_START)" \
@@ -101,11 +107,22 @@ lab: $(VENV)/.stamp-base
 	@echo "Starting JupyterLab ($(ROLE)) on $(LAB_IP):$(LAB_PORT); server log: $(LAB_LOG)"
 	@(cd "$(LAB_ROOT)" && exec env JUPYTER_CONFIG_PATH="$(CURDIR)/.jupyter/roles/$(ROLE)" \
 	  "$(abspath $(VENV))/bin/jupyter" lab $(LAB_FLAGS)) > "$(LAB_LOG)" 2>&1 & pid=$$!; \
-	trap 'kill -TERM $$pid 2>/dev/null; wait $$pid; exit 0' INT TERM; \
+	probe=; rm -f "$(LAB_FAST_LINE)"; \
+	if [ "$(LAB_FAST_CHECK)" != 0 ]; then \
+	  "$(abspath $(PY))" -m tinyserve.backends.toolchain > "$(LAB_FAST_LINE)" 2>/dev/null & probe=$$!; \
+	fi; \
+	trap 'kill -TERM $$pid $$probe 2>/dev/null; wait; exit 0' INT TERM; \
 	until (exec 3<>/dev/tcp/$(LAB_IP)/$(LAB_PORT)) 2>/dev/null; do \
-	  kill -0 $$pid 2>/dev/null || { tail -n 20 "$(LAB_LOG)"; echo "JupyterLab did not start (log above: $(LAB_LOG))"; exit 1; }; \
+	  kill -0 $$pid 2>/dev/null || { kill $$probe 2>/dev/null; tail -n 20 "$(LAB_LOG)"; echo "JupyterLab did not start (log above: $(LAB_LOG))"; exit 1; }; \
 	  sleep 0.3; \
 	done; \
+	if [ -n "$$probe" ]; then \
+	  until ! kill -0 $$probe 2>/dev/null || [ $$SECONDS -ge $(LAB_FAST_CHECK) ]; do sleep 0.3; done; \
+	  if kill -0 $$probe 2>/dev/null; then \
+	    echo "fast path: still being checked (its line will be in $(LAB_FAST_LINE))"; \
+	  elif [ -s "$(LAB_FAST_LINE)" ]; then cat "$(LAB_FAST_LINE)"; \
+	  else echo "fast path: not checked ($(PY) -m tinyserve.backends.toolchain failed; run it to see why)"; fi; \
+	fi; \
 	echo "Stop it with Ctrl-C. Open the course at:"; \
 	echo "http://$(LAB_IP):$(LAB_PORT)/lab/tree/$(LAB_START)"; \
 	wait $$pid

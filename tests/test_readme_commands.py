@@ -86,3 +86,66 @@ def test_quick_commands_run_as_written_in_the_activated_venv(command: str,
         assert (tmp_path / "out" / "target" / "tokenizer_config.json").is_file()
     if "check" in command:
         assert "Visible tests:" in out
+
+
+# ---- "Before you start": each OS's prerequisites, and the fast path's fixes -----------------
+
+SETUP = README.split("## Before you start", 1)[-1].split("\n## ", 1)[0]
+OS_BULLETS = {"Linux": "- **Linux.**", "Darwin": "- **macOS**", "Windows": "- **Windows means WSL2.**"}
+CAUSES = ["no working C++ compiler", "no OpenMP for the C++ compiler", "no Python headers",
+          "the C++ compiler failed", "torch.compile failed here"]
+# a command a fix names: a package manager's install line, or Apple's tools
+FIX_COMMAND = re.compile(r"sudo \w+ install [\w+.-]+(?: [\w+.-]+)*|xcode-select --install"
+                         r"|brew install [\w@.+-]+")
+
+
+def setup_bullet(system: str) -> str:
+    """The README's bullet for ``system`` (``platform.system()``'s name), whitespace joined."""
+    rest = SETUP[SETUP.index(OS_BULLETS[system]):]
+    return " ".join(re.split(r"\n(?=- )|\n\n", rest, maxsplit=1)[0].split())
+
+
+def test_before_you_start_names_each_os_and_what_make_needs() -> None:
+    assert README.index("## Before you start") < README.index("## What this course is")
+    flat = " ".join(SETUP.split())
+    for bullet in OS_BULLETS.values():
+        assert f"\n{bullet}" in SETUP, f"no {bullet} in the README's Before you start"
+    # what `make lab` itself needs, as the Makefile has it
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^SHELL\s*:=\s*/bin/bash$", makefile, re.M) and "/dev/tcp/" in makefile
+    assert "command -v python3.11 || command -v python3" in makefile
+    floor = re.search(r'requires-python = ">=(\d+\.\d+)"', (ROOT / "pyproject.toml").read_text())
+    assert floor and f"Python {floor[1]} or newer" in flat
+    for needed in ("GNU `make`", "`bash`", "`venv` module", "`python3.11`, else `python3`"):
+        assert needed in flat, needed
+    # Windows means WSL2, and says why (bash, /dev/tcp, .venv/bin)
+    windows = setup_bullet("Windows")
+    assert "WSL2" in windows and "/dev/tcp" in windows and ".venv/bin/python" in windows
+    assert "Scripts\\activate" not in README, "make lab makes no Windows venv: WSL2 has .venv/bin"
+    # and what runs without the compiler, and where the one line comes from
+    assert "Without the compiler everything runs" in flat
+    assert "python -m tinyserve.backends.toolchain" in flat and "LAB_FAST_CHECK=0" in flat
+    assert "LAB_FAST_CHECK" in makefile
+
+
+@pytest.mark.parametrize("system", sorted(OS_BULLETS))
+@pytest.mark.parametrize("cause", CAUSES)
+def test_the_readme_gives_the_fixes_the_fast_path_prints(system: str, cause: str) -> None:
+    """Every install command the fast path's line names for an OS (``toolchain.fix_for``) is in
+    that OS's bullet, as a code span of the same command with at least its packages."""
+    from tinyserve.backends.toolchain import fix_for
+
+    fix, bullet = fix_for(cause, system), setup_bullet(system)
+    spans = re.findall(r"`([^`]+)`", bullet)
+    commands = FIX_COMMAND.findall(fix)
+    assert commands, f"fix_for({cause!r}, {system!r}) names no command: {fix}"
+    for command in commands:
+        words = command.split()
+        head = words[:words.index("install") + 1] if "install" in words else words
+        assert any(span.split()[:len(head)] == head
+                   and set(words[len(head):]) <= set(span.split()[len(head):])
+                   for span in spans), f"README's {system} bullet lacks `{command}`: {bullet}"
+    if "WSL2" in fix:
+        assert "WSL2" in bullet
+    if "libomp" in fix:
+        assert "OpenMP" in bullet
