@@ -86,7 +86,7 @@ system-deps:
 #   instructor  (make lab-instructor) everything nbgrader has
 #   student     what the hub gives a student: learner plus the Assignments tab (exchange)
 # The server's log goes to LAB_LOG; the last line printed is the address to open.
-# Before it, the fast path's line (tinyserve.backends.toolchain: whether torch.compile can build
+# Before it, the fast path's line (tinyserve.toolchain: whether torch.compile can build
 # CPU kernels here, else the cause and this OS's fix; the course runs either way). The probe
 # imports torch and compiles a tiny kernel while the server starts; the address waits for it at
 # most LAB_FAST_CHECK seconds (0: no probe). Its line is also kept in LAB_FAST_LINE.
@@ -109,7 +109,7 @@ lab: $(VENV)/.stamp-base
 	  "$(abspath $(VENV))/bin/jupyter" lab $(LAB_FLAGS)) > "$(LAB_LOG)" 2>&1 & pid=$$!; \
 	probe=; rm -f "$(LAB_FAST_LINE)"; \
 	if [ "$(LAB_FAST_CHECK)" != 0 ]; then \
-	  "$(abspath $(PY))" -m tinyserve.backends.toolchain > "$(LAB_FAST_LINE)" 2>/dev/null & probe=$$!; \
+	  "$(abspath $(PY))" -m tinyserve.toolchain > "$(LAB_FAST_LINE)" 2>/dev/null & probe=$$!; \
 	fi; \
 	trap 'kill -TERM $$pid $$probe 2>/dev/null; wait; exit 0' INT TERM; \
 	until (exec 3<>/dev/tcp/$(LAB_IP)/$(LAB_PORT)) 2>/dev/null; do \
@@ -121,7 +121,7 @@ lab: $(VENV)/.stamp-base
 	  if kill -0 $$probe 2>/dev/null; then \
 	    echo "fast path: still being checked (its line will be in $(LAB_FAST_LINE))"; \
 	  elif [ -s "$(LAB_FAST_LINE)" ]; then cat "$(LAB_FAST_LINE)"; \
-	  else echo "fast path: not checked ($(PY) -m tinyserve.backends.toolchain failed; run it to see why)"; fi; \
+	  else echo "fast path: not checked ($(PY) -m tinyserve.toolchain failed; run it to see why)"; fi; \
 	fi; \
 	echo "Stop it with Ctrl-C. Open the course at:"; \
 	echo "http://$(LAB_IP):$(LAB_PORT)/lab/tree/$(LAB_START)"; \

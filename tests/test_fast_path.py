@@ -86,7 +86,8 @@ def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
     def recorded(freezing: bool = False, n: int | None = None):
         rows.append(n)
         return contextlib.nullcontext()
-    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), True, "eager"))
+    # every step compiled (a timed choice could keep one eager, which never compiles)
+    monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), True, "eager", decode_steps="compiled"))
     monkeypatch.setattr(fast, "compile_settings", recorded)
     target, draft = sharp_model(SMALL, seed=21), sharp_model(SMALL, seed=22)
     generate(target, random_prompt(96, 5, seed=1), 4, fast=True)
@@ -299,30 +300,39 @@ def test_the_engine_runs_its_batched_steps_over_packed_weights(packed_steps: Pat
     assert any(rows > 1 for rows in kernels) and fast._mode(model).packed > 0
 
 
-def test_the_measured_choice_keeps_the_faster_way_and_one_row_compiled(
+def test_the_measured_choice_keeps_the_fastest_way_with_eager_as_its_floor(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # A clock that only the two steps move: each "takes" the seconds given, so the choice is
-    # the arithmetic of the timings, not of this machine.
+    # A clock that only the steps move: each "takes" the seconds given, so the choice is the
+    # arithmetic of the timings, not of this machine.
     now = [0.0]
     monkeypatch.setattr(fast.time, "perf_counter", lambda: now[0])
 
     def taking(seconds: float):
         return lambda: now.__setitem__(0, now[0] + seconds)
+
+    def ways(model, rows, compiled, eager):
+        return fast.step_ways(model, rows, taking(compiled), taking(eager))
     model = sharp_model(SMALL, seed=3)
-    slow_compiled = fast.choose_step(model, 8, taking(0.03), taking(0.02), "measured")
-    assert slow_compiled == fast.StepChoice(8, "packed", pytest.approx(0.03), pytest.approx(0.02))
-    assert "8 rows took 20.0 ms eager and packed against 30.0 ms compiled" in \
-        slow_compiled.sentence()
-    assert fast.choose_step(model, 4, taking(0.01), taking(0.02), "measured").kernel == "compiled"
-    assert fast.choose_step(model, 1, taking(0.03), taking(0.0), "measured") == \
-        fast.StepChoice(1, "compiled")                  # one row: the packed linear skips it
+    # 8 rows: three ways; packed runs ``eager`` under the mode, so it takes eager's time
+    slow_compiled = fast.choose_step(model, 8, ways(model, 8, 0.03, 0.02), "measured")
+    assert slow_compiled.kernel == "packed"              # eager and packed tie: packed first
+    assert dict(slow_compiled.seconds) == {"compiled": pytest.approx(0.03),
+                                           "packed": pytest.approx(0.02),
+                                           "eager": pytest.approx(0.02)}
+    assert "compiled 30.0 ms, packed 20.0 ms, eager 20.0 ms" in slow_compiled.sentence()
+    assert fast.choose_step(model, 4, ways(model, 4, 0.01, 0.02), "measured").kernel == "compiled"
+    # one row: no packed way (the packed linear leaves one row plain), and eager is the floor
+    one_row = fast.choose_step(model, 1, ways(model, 1, 0.03, 0.02), "measured")
+    assert one_row.kernel == "eager" and [w for w, _ in one_row.seconds] == ["compiled", "eager"]
     q8 = quantize_model(model, group_size=16)           # int8: nothing to pack once
-    assert fast.choose_step(q8, 8, taking(0.03), taking(0.0), "measured").kernel == "compiled"
-    assert fast.choose_step(model, 8, taking(0.0), taking(0.03), "packed").kernel == "packed"
-    with pytest.raises(ValueError, match="decode_steps must be one of measured, compiled, packed"):
+    assert set(fast.step_ways(q8, 8, taking(0), taking(0))) == {"compiled", "eager"}
+    assert fast.choose_step(model, 8, ways(model, 8, 0.0, 0.03), "packed").kernel == "packed"
+    assert fast.choose_step(model, 1, ways(model, 1, 0.0, 0.03), "packed").kernel == "compiled"
+    assert fast.choose_step(model, 1, ways(model, 1, 0.0, 0.03), "eager").kernel == "eager"
+    with pytest.raises(ValueError, match="decode_steps must be one of measured, compiled, packed, eager"):
         fast.Recipe((), False, decode_steps="fastest")
-    with pytest.raises(ValueError, match="how must be one of measured, compiled, packed"):
-        fast.choose_step(model, 8, taking(0.0), taking(0.0), "fastest")
+    with pytest.raises(ValueError, match="how must be one of measured, compiled, packed, eager"):
+        fast.choose_step(model, 8, ways(model, 8, 0.0, 0.0), "fastest")
 
 
 def _engine_run(model, prompts, config: EngineConfig, sampling=(), joins: int = 0):

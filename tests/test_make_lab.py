@@ -1,5 +1,5 @@
 """`make lab`, the README's first command, starts JupyterLab serving this repository, and says
-before the address whether the fast path can compile here (``tinyserve.backends.toolchain``)."""
+before the address whether the fast path can compile here (``tinyserve.toolchain``)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyserve.backends.toolchain import fix_for
+from tinyserve.toolchain import fix_for
 from tinyserve.serving.local_servers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]

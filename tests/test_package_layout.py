@@ -350,9 +350,11 @@ def test_private_names_are_found_imported_and_through_a_module(tmp_path: Path) -
 #: The loops: they run the steps, and each chooses eager or a backend for its step.
 LOOPS = {"generate", "engine", "speculative", "draft_replay", "batching"}
 #: What a backend may import from tinyserve, besides the other backends.
-BACKEND_MAY_IMPORT = {"config", "device", "model", "kv_cache", "paged", "sampling"}
+BACKEND_MAY_IMPORT = {"config", "device", "toolchain", "model", "kv_cache", "paged", "sampling"}
 #: The model and its storage, below every loop and backend.
 MODEL_AND_STORAGE = {"model", "kv_cache", "paged", "block_manager", "config", "quant"}
+#: ``toolchain`` (can this process compile?) sits beside ``device``: the backends and the
+#: int8 kernels' choice ask it, and it imports nothing of the package.
 #: Measurement above the loops, which times a backend's step directly (fast_lab: the fast
 #: path's steps and passes timed for chapters 1, 3, 6b and 8).
 MEASURING = {"roofline", "graph_check", "workbook.fast_lab"}

@@ -124,7 +124,7 @@ def test_before_you_start_names_each_os_and_what_make_needs() -> None:
     assert "Scripts\\activate" not in README, "make lab makes no Windows venv: WSL2 has .venv/bin"
     # and what runs without the compiler, and where the one line comes from
     assert "Without the compiler everything runs" in flat
-    assert "python -m tinyserve.backends.toolchain" in flat and "LAB_FAST_CHECK=0" in flat
+    assert "python -m tinyserve.toolchain" in flat and "LAB_FAST_CHECK=0" in flat
     assert "LAB_FAST_CHECK" in makefile
 
 
@@ -133,7 +133,7 @@ def test_before_you_start_names_each_os_and_what_make_needs() -> None:
 def test_the_readme_gives_the_fixes_the_fast_path_prints(system: str, cause: str) -> None:
     """Every install command the fast path's line names for an OS (``toolchain.fix_for``) is in
     that OS's bullet, as a code span of the same command with at least its packages."""
-    from tinyserve.backends.toolchain import fix_for
+    from tinyserve.toolchain import fix_for
 
     fix, bullet = fix_for(cause, system), setup_bullet(system)
     spans = re.findall(r"`([^`]+)`", bullet)

@@ -21,16 +21,20 @@ One request (chapters 0-2)
     prompts         the check every loop makes of a prompt first, and its PromptError
     kv_cache        the contiguous KV cache
     backends/       decode steps on fixed buffers, which the loops choose (the model knows
-                    nothing of them); they import only config, device, model, kv_cache,
-                    paged and sampling, never a loop or roofline. ``static`` (StaticKVCache,
+                    nothing of them); they import only config, device, toolchain, model,
+                    kv_cache, paged and sampling, never a loop or roofline. ``static`` (StaticKVCache,
                     window_for, bucket_for), ``compiled`` (the step traced by
                     ``torch.compile``, opt-in), ``cuda_graph`` (the step captured once per
                     batch bucket and replayed: CUDA's default; the engine's graphs),
                     ``spec_graphs`` (speculation's passes), ``decoder_cache`` (the bounded,
                     least recently used first out cache of built decoders), ``fast`` (what
                     ``fast=True`` runs here: the graphs on CUDA, the step compiled with the
-                    fastest settings on a CPU; its kernel cache and ``prepare``), ``packed``
-                    (the eager passes' linears over weights packed once for oneDNN)
+                    fastest of compiled, packed and eager on a CPU; its kernel cache and
+                    ``prepare``), ``choices`` (what each fast shape runs, timed in turns
+                    here, kept on disk), ``packed`` (the eager passes' linears over weights
+                    packed once for oneDNN)
+    toolchain       can torch.compile build CPU kernels here? one probe a process; the line
+                    that says why not and how to fix it (python -m tinyserve.toolchain)
     graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles

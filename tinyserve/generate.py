@@ -145,6 +145,9 @@ def _decode_path(device: torch.device, fast: bool, compile: bool, graph: bool | 
     if graph and (compile or not use_cache):
         raise ValueError("graph decoding needs the KV cache and no --compile")
     if not fast:
+        if compile and device.type != "cuda":
+            from .toolchain import ready
+            compile = ready(device)   # nothing compiles here: the eager step, said once
         return compile, (use_cache and not compile and device.type == "cuda"
                          if graph is None else graph)
     if not use_cache:

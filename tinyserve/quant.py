@@ -201,9 +201,12 @@ def int8pack_runs(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def compiler_available(device: torch.device) -> bool:
-    """Whether ``torch.compile`` can generate kernels for ``device`` (Triton on CUDA)."""
+    """Whether ``torch.compile`` can generate kernels for ``device``: Triton on CUDA; on a
+    CPU a working C++ compiler with OpenMP (:func:`tinyserve.toolchain.probe`: a
+    tiny compile, once a process)."""
     if device.type != "cuda":
-        return True
+        from .toolchain import probe
+        return probe().ok
     try:
         from torch.utils._triton import has_triton
     except ImportError:
@@ -395,9 +398,8 @@ def grouped_matvec(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
     products: :class:`Int8Linear` uses it only inside a compile. One scale per row (``scale``
     of shape (out,)) is one group per row.
 
-    Two things the reduction is kept from, each measured on the scale model's int8 decode
-    step (2-core AMD EPYC, one thread, caches flushed; fastest of 20 steps: 10.0 ms before
-    either, 5.3-6.4 after both over four compiles; 5.1 in ``bench llamacpp``'s quiet run):
+    Two things the reduction is kept from, each of which, measured on the scale model's int8
+    decode step, made it much slower (``bench quant`` and ``bench llamacpp`` time the step):
 
     - **A cascade sum.** Inductor's C++ backend sums a float reduction of more than 4,096
       terms through a helper that adds each vector into a running sum held in a

@@ -7,7 +7,7 @@ loop that runs a step (``generate``, ``engine``, ``speculative``) picks eager or
 as nano-vllm's model runner picks eager or graph; the model knows nothing of any of them.
 
 The room's rule (``tests/test_package_layout.py`` holds it): a backend imports only
-``config``, ``device``, ``model``, ``kv_cache``, ``paged`` and ``sampling`` from tinyserve
+``config``, ``device``, ``toolchain``, ``model``, ``kv_cache``, ``paged`` and ``sampling`` from tinyserve
 (and the other backends); never a loop, ``roofline``, ``checkpoint`` or anything above them.
 Only the loops and the measuring modules above them (``roofline``, ``graph_check``) import a
 backend.
@@ -22,6 +22,8 @@ backend.
     spec_graphs     speculation's draft and verify passes, one static buffer and graph per width
     decoder_cache   the bounded (least recently used first out) cache of built decoders
     fast            what ``fast=True`` runs here, said once: the graphs on CUDA, on a CPU
-                    the step compiled in max-autotune with frozen weights; a persistent
-                    kernel cache and ``prepare`` (the shapes a run needs, up front)
+                    the fastest of the step compiled in max-autotune with frozen weights, eager
+                    over packed weights and plain eager; a persistent kernel cache and
+                    ``prepare`` (the shapes a run needs, up front)
+    choices         what each fast shape runs: every way timed in turns once, kept on disk
 """

@@ -87,8 +87,8 @@ class CompiledDecoder:
     the patch around every step would cost ~70 us a step). So no later call may recompile:
     :meth:`step` hands the step its inputs with fresh contiguous strides, because a compiled
     function guards on strides too, and a token passed as a column view (stride 40 where the
-    first call's had 1) recompiled the step outside the settings, unfrozen and unpacked: the
-    scale model's batch-1 step then took 16.9 ms against 10.3 (2-core AMD EPYC, one thread). The first :meth:`step` compiles
+    first call's had 1) recompiled the step outside the settings, unfrozen and unpacked, and
+    much slower. The first :meth:`step` compiles
     (seconds to a minute); :attr:`compile_seconds` records how long that took.
     ``backend="eager"`` only traces (TorchDynamo, no code generation): it checks in seconds
     that the step is one graph with static shapes, and runs it op by op.
@@ -106,8 +106,8 @@ class CompiledDecoder:
         self.mode = None if backend != "inductor" else \
             mode or ("reduce-overhead" if model.device.type == "cuda" else "default")
         # On a CPU, inductor's "C++ wrapper" also writes the code that calls the kernels in
-        # C++ instead of Python: at batch 1 on this course's CPU that took 5-10% off a step of
-        # under 2 ms. (A mode and options cannot both be given; the default mode has none.)
+        # C++ instead of Python: Python's share of a small step is what it saves (bench
+        # decode). (A mode and options cannot both be given; the default mode has none.)
         if options is None:
             options = {"cpp_wrapper": True} if self.mode == "default" else None
         else:      # inductor's options as given (the fast path's: tinyserve.backends.fast)

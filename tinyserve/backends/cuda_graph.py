@@ -303,7 +303,8 @@ class EagerReplay:
 #: What :class:`EngineGraphs` may be given in place of a capture: a function that turns one
 #: shape's step and its rows into something with ``replay()`` (the CPU fast path's compiled step,
 #: :class:`tinyserve.backends.fast.CompiledStep`), made ready on the parked buffers.
-StepCompiler = Callable[[Callable[[], Tensor], int], "EagerReplay"]
+#: Makes a shape's step (the step, its rows, its blocks per row) where no graph is captured.
+StepCompiler = Callable[[Callable[[], Tensor], int, int], "EagerReplay"]
 
 
 class EngineGraphs:
@@ -421,7 +422,7 @@ class EngineGraphs:
                     note = getattr(self.graphs[shape], "note", "")   # the fast path's choice
                     bar.write(f"engine decode {shape[0]} rows x {shape[1]} blocks: "
                               f"{out[shape]:.1f} s" + (" (held)" if held else "")
-                              + (f"; {note}" if note and shape[0] > 1 else ""))
+                              + (f"; {note}" if note else ""))
                 bar.update()
         self.checked = True
         return out
@@ -468,7 +469,7 @@ class EngineGraphs:
             # gate, up), as the compiled decoder does after its eager prefill; without them
             # the step would trace five separate matmuls.
             step()
-            graph: torch.cuda.CUDAGraph | EagerReplay = self.compiler(step, rows)
+            graph: torch.cuda.CUDAGraph | EagerReplay = self.compiler(step, rows, blocks)
             graph.replay()                            # compiles
             self._captured_from = self._weights()
         elif not self.capture:

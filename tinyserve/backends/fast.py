@@ -1,52 +1,46 @@
 """The fast path: the fastest way this machine has to run a decode step, a verify pass and a
 draft step, said once. The loops take one switch, ``fast=True``, and come here for it; the
-eager step is the reference every test compares it with, token for token.
+eager step is the reference every test compares it with, token for token, and the floor no
+fast step may fall below.
 
 - **On CUDA**: the CUDA graphs already written (:mod:`~tinyserve.backends.cuda_graph` for
   decode steps, :mod:`~tinyserve.backends.spec_graphs` for speculation's passes): a step is
-  one replay, so launches no longer set its time.
-- **On a CPU**: ``torch.compile`` in max-autotune with inductor *freezing*, each matmul's
-  kernel chosen by the autotuner between inductor's C++ GEMM template and ATen's MKL linear
-  over weights packed once (:data:`CPU_RECIPE`, :func:`compile_settings`). Freezing turns
-  the weights into constants packed once at compile time; eager ``F.linear`` packs them at
-  every call. On a 2-core Xeon with a 32 MiB L3 (``bench scale``) this step read at ~0.85 of
-  the machine's read bandwidth where eager reached ~0.57 (batch 1, the scale model, one
-  thread), and 4 rows cost 1.2-1.5x one row where eager costs 2-2.2x; on a 2-core Xeon with
-  a 105 MiB L3, which of the two kernels wins moves with the rows, so the autotuner decides
-  on the learner's machine rather than we do once. The mode's options go through
-  ``torch.compile(options=...)``, which inductor applies to that compile only; freezing cannot: TorchDynamo reads it from inductor's global
-  config while it traces (``torch._dynamo.utils.is_parameter_freezing``), before those
-  options apply (given only as options, the compile fails: the C++ GEMM template finds
-  unfrozen weights and no choice is left). So :func:`compile_settings` patches it, scoped to
-  the one call that compiles (:class:`~tinyserve.backends.compiled.CompiledDecoder`).
-  Measured on the shipped target, back to back (load 4-5 on two cores): this compile took
-  66 s cold against 61 s with the patch held around the whole compile (mode
-  "max-autotune"), a step 0.437 against 0.430 ms, the same 32 greedy tokens as eager.
+  one replay, so launches no longer set its time. No compiler is involved.
+- **On a CPU**: each step's shape runs the fastest of three ways, measured on this machine
+  (:mod:`~tinyserve.backends.choices`): ``torch.compile`` in max-autotune with inductor
+  *freezing* (:data:`CPU_RECIPE`, :func:`compile_settings`: each matmul's kernel chosen by the
+  autotuner between inductor's C++ GEMM template and MKL's linear over weights packed once),
+  the same forward pass eagerly over weights packed once for oneDNN, or plain eager. Which
+  wins depends on the CPU (vector width, BLAS, caches) and the rows: on some CPUs the
+  compiled one-row step beats eager, on others it loses, so each shape is timed in turns once
+  and the choice is kept on disk with the kernels. A shape whose kept choice is not the
+  compiled step is never compiled again.
+- **Where nothing can compile** (no C++ compiler, no OpenMP, no Python headers, a lowering
+  error): :mod:`~tinyserve.toolchain` finds it once a process, before the first real
+  compile; every step then runs eagerly and one line says why and how to fix it.
 
-- **A decode step of several rows** (a batch bucket of :func:`fast_decoder` or the engine's
-  :class:`CompiledStep`), once compiled, times itself against the same step run eagerly over
-  the weights packed once for oneDNN (:func:`choose_step`) and keeps the faster: past a few
-  rows inductor's template can fall well short of the machine's FLOP rate. On a 2-core AMD EPYC
-  (the scale model, one thread) 8 rows took 28.5 ms compiled against 17.3 eager and packed,
-  16 rows 56.3 against 25.9; at 4 rows the two tied. :func:`prepare` prints the choice.
+Freezing, and why it is patched: the mode's options go through ``torch.compile(options=...)``,
+which inductor applies to that compile only; freezing cannot: TorchDynamo reads it from
+inductor's global config while it traces (``torch._dynamo.utils.is_parameter_freezing``),
+before those options apply (given only as options, the compile fails: the C++ GEMM template
+finds unfrozen weights and no choice is left). So :func:`compile_settings` patches it, scoped
+to the one call that compiles (:class:`~tinyserve.backends.compiled.CompiledDecoder`).
 
-- **The eager passes** (a prefill, whose rows change with every prompt; the engine's prefill
-  and mixed steps) stay eager on both; on a CPU their fp32 linears run on weights packed once
-  for oneDNN (:mod:`~tinyserve.backends.packed`, :func:`eager_passes`) from the pass size
-  where that measured faster than ``F.linear`` on this machine (:func:`eager_kernels`, once a
-  process). On a 2-core AMD EPYC the scale model's 128-token prefill took 79 ms against 162
-  (one thread); :func:`prepare` says from which size and packs the weights.
+**The eager passes** (a prefill, whose rows change with every prompt; the engine's prefill and
+mixed steps) stay eager; on a CPU their fp32 linears run on weights packed once for oneDNN
+(:mod:`~tinyserve.backends.packed`, :func:`eager_passes`) from the pass size where that
+measured faster than ``F.linear`` on this machine (:func:`eager_kernels`, once a process).
 
-What it costs, and how a run lives with it: each shape is a compile of its own (a batch
-bucket x a cache window for decode; one per width for speculation), tens of seconds to
-minutes on two cores. :func:`prepare` compiles exactly the shapes a run needs, up front, with
-a progress bar, and returns what each took; the compiled kernels go to a persistent folder
-(:func:`inductor_cache`: ``<cache>/inductor/torch-<version>-cold``), so a second process
-compiles from them. Every step packs its frozen weights (:data:`PREPACK_FROM_ROWS`), which
-inductor's whole-graph (FX graph) cache cannot pickle, so a repeat still traces and lowers the
-graph and reuses the built C++ kernels and the autotuner's timings. A plain one-row step would
-be reloaded whole from that cache, but on one of the course's machines it ran 1.6x slower
-(see :data:`PREPACK_FROM_ROWS`): the learner's step time comes first.
+What it costs, and how a run lives with it: each compiled shape is a compile of its own (a
+batch bucket x a cache window for decode; one per width for speculation), tens of seconds to
+minutes on two cores. :func:`prepare` makes exactly the shapes a run needs ready, up front,
+with a progress bar and a line per shape saying what it runs and the times that chose it; the
+compiled kernels go to a persistent folder (:func:`inductor_cache`:
+``<cache>/inductor/torch-<version>-cold``), so a second process compiles from them. Every
+compiled step packs its frozen weights (:data:`PREPACK_FROM_ROWS`), which inductor's
+whole-graph (FX graph) cache cannot pickle, so a repeat still traces and lowers the graph and
+reuses the built C++ kernels and the autotuner's timings. ``bench scale`` measures all of it
+(``scale_fast_vs_eager_b1``, ``scale_prepare_repeat_s``).
 
 Frozen weights are a copy: a decoder is kept per model *and* per weight version (every
 parameter's in-place version counter), so changing a weight in place (loading a checkpoint,
@@ -70,6 +64,7 @@ from torch import Tensor
 
 from ..device import interleaved_seconds
 from ..model import TinyLlama
+from .choices import WAYS, ChoiceBook, StepChoice, choose, shape_key
 from .compiled import MAX_COMPILED_BATCH, CompiledDecoder, compiled_decoder, compiling
 from ..paged import PagedKVCache
 from .cuda_graph import EngineGraphs, graph_decoder
@@ -78,11 +73,12 @@ from . import packed
 from .packed import FLUSH_BYTES
 from .spec_graphs import StaticPasses, static_passes
 from .static import bucket_for, window_for
+from .. import toolchain
 
 __all__ = ["CPU_RECIPE", "DECODE_STEPS", "EAGER_LINEARS", "FASTEST", "INDUCTOR_FOLDER",
            "PACK_LABEL", "PREPACK_FROM_ROWS", "CompiledStep", "FastDecoder", "Recipe", "Shape",
            "ShapeCost", "StepChoice", "choose_step", "cold_benchmarks", "compile_settings",
-           "draft_shape", "eager_kernels",
+           "draft_shape", "eager_kernels", "first_step", "step_ways",
            "eager_passes", "engine_steps", "prepare_eager",
            "fast_decoder", "fast_passes", "inductor_cache", "kind", "prepare", "verify_shape"]
 
@@ -95,9 +91,10 @@ class Recipe:
     steps: :func:`eager_passes`): ``"measured"`` (from the pass size where that measured
     faster here, :func:`eager_kernels`),
     ``"packed"`` (oneDNN over weights packed once) or ``"plain"`` (``F.linear``).
-    ``decode_steps``: what a decode step of several rows runs (:func:`choose_step`):
-    ``"measured"`` (whichever of the two below was faster here, timed once per step shape),
-    ``"compiled"`` or ``"packed"`` (the same step run eagerly over the packed weights)."""
+    ``decode_steps``: what a fast step runs (:func:`choose_step`): ``"measured"`` (the
+    fastest of the ways this machine has, timed once per step shape and kept on disk),
+    ``"compiled"``, ``"packed"`` (the same step run eagerly over the packed weights, two rows
+    or more) or ``"eager"`` (the plain forward pass)."""
     options: tuple[tuple[str, Any], ...]
     freezing: bool
     backend: str = "inductor"
@@ -119,7 +116,7 @@ class Recipe:
 #: What :attr:`Recipe.eager_linears` may be.
 EAGER_LINEARS = ("measured", "packed", "plain")
 #: What :attr:`Recipe.decode_steps` may be.
-DECODE_STEPS = ("measured", "compiled", "packed")
+DECODE_STEPS = ("measured", *WAYS)
 
 #: The fastest CPU step: mode "max-autotune" spelled as its options (``torch.compile`` takes
 #: a mode or options, not both; the mode's third, ``triton.cudagraphs``, is CUDA's), with
@@ -145,17 +142,14 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
     many rows each matmul of the step serves (a decode bucket, a pass's width); below
     :data:`PREPACK_FROM_ROWS` the weights would stay plain (see there: today none does).
 
-    Why both, measured: on the machine the course was first timed on (2-core Xeon, 32 MiB L3)
-    the autotuner picked the template at every linear of the scale model (e.g. 1.5 against
-    17.5 ms at 4 rows); on a 2-core Xeon with a 105 MiB L3 (load 1-2, one thread, the scale
-    model, fastest of 12 interleaved steps) the template alone gave 78 ms at 1 row and 101 ms
-    at 4 rows, both choices 71 and 86-90 ms (eager 59-72 and 176-184). Benchmarking two
-    choices makes a first compile slower (here 39-51 s against 18-24 s), but its timings are
-    kept on disk with the kernels: a repeat took 19 s.
+    Why both: which of the two kernels is faster depends on the CPU and the rows, so the
+    autotuner times them on the learner's machine rather than we choose once. Benchmarking
+    two choices makes a first compile slower, but its timings are kept on disk with the
+    kernels, so a repeat is faster (``bench scale``: ``scale_prepare_repeat_s``).
 
     The autotuner times each choice with the caches flushed first (:func:`cold_benchmarks`):
-    its own CPU loop times a kernel over and over, so a 25 MB weight sits in a 105 MiB L3
-    while it is timed, where a decode step streams every weight from memory."""
+    its own CPU loop times a kernel over and over, so a weight that fits the last-level cache
+    sits there while it is timed, where a decode step streams every weight from memory."""
     import torch._inductor.config as inductor_config
     if not freezing:
         return inductor_config.patch(freezing=False)
@@ -176,14 +170,12 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
 #: The fewest rows a compiled step's matmuls serve for which freezing packs the weights for
 #: MKL's linear (inductor's ``cpp.weight_prepack``); below it they stay plain and ATen's choice
 #: is the plain ``mm``. 1: every step packs, and the autotuner chooses between MKL's packed
-#: linear and inductor's C++ template on the learner's machine. Measured on the scale model's
-#: batch-1 step, one thread: on a 2-core Xeon with AMX a plain step took 0.96x the packed one's
-#: time (11 rounds in turns: 0.86-1.07) and, being picklable, reloaded from inductor's FX graph
-#: cache in 7.5-8.4 s against 20-21 s packed (the packed weights are ``mkldnn`` tensors:
-#: "Bypassing FX Graph Cache because 'mkldnn tensors unpickleable'"); on a 2-core AMD EPYC
-#: (32 MiB L3) the plain step took 15.8-16.1 ms against 9.7-10.2 packed (two processes each,
-#: alternating), its matmul reading at 0.5 of the memory's rate. Several rows pay on both: a
-#: 5-token verify pass took 1.76x as long plain on the Xeon.
+#: linear and inductor's C++ template on the learner's machine. The trade-off: a plain step
+#: pickles, so inductor's FX graph cache reloads it whole in a second process, while packed
+#: weights are ``mkldnn`` tensors it cannot pickle ("Bypassing FX Graph Cache because 'mkldnn
+#: tensors unpickleable'"); but on CPUs where the plain ``mm`` reads the weight well below the
+#: memory's rate, the plain step is much slower, and several rows (a verify pass) pay on every
+#: CPU. The learner's step time comes before the repeat's compile time.
 PREPACK_FROM_ROWS = 1
 
 #: Timed calls per choice (the median is kept), each after a flush.
@@ -197,14 +189,10 @@ def cold_benchmarks() -> Iterator[None]:
     calls, the median kept. Inductor's own CPU loop (``benchmarker.benchmark_cpu``) repeats
     the call back to back, so it times a weight the last-level cache already holds.
 
-    Measured on the scale model, batch 1, one thread, a 2-core Xeon with a 105 MiB L3, a fresh
-    cache folder each compile (two compiles each way): timed hot, the autotuner chose the C++
-    template for 6-7 of the step's 21 matmuls and the step took 74-81 ms; timed cold, MKL's
-    linear for 20-21 of them and 67-73 ms. Through :func:`fast_decoder` afterwards (one
-    compile each): batch 1 took MKL's for 16 of 21 (82.8 ms, eager 84.5), 4 rows for all 21
-    (94.8 ms, eager 197). What it costs: a flush takes ~40 ms here; compiling the batch-1 step
-    timed 12 choices, 3.8-4.7 s in all (inductor's loop spends ~0.12 s a choice), within the
-    noise of the whole compile (fresh cache folder, back to back: 98 s timed cold, 109 s hot).
+    Why: timed hot, a kernel whose weight fits the last-level cache looks faster than it is
+    in a decode step, which streams the weight from memory, so the autotuner would choose
+    kernels that lose in the step. A flush costs tens of milliseconds a choice, within the
+    noise of a whole compile.
     A torch without that benchmarker keeps its own."""
     try:
         from torch._inductor.runtime.benchmarking import benchmarker
@@ -285,34 +273,47 @@ def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
     ``tokens`` positions: a :class:`~tinyserve.backends.compiled.CompiledDecoder` compiled
     with :data:`CPU_RECIPE`, kept and reused (compiled on its first step); ``cache``: the
     persistent folder (:func:`inductor_cache`). On CUDA the loops use the graphs instead."""
-    inductor_cache(cache)
+    folder = inductor_cache(cache)
     recipe = CPU_RECIPE
     rows = bucket_for(batch, MAX_COMPILED_BATCH)
-    return compiled_decoder(model, batch, backend=recipe.backend, tokens=tokens,
-                            options=recipe.compile_options(), settings=_settings(recipe, rows),
-                            tag=("fast", recipe, _weights_version(model)), kind=FastDecoder)
+    decoder = compiled_decoder(model, batch, backend=recipe.backend, tokens=tokens,
+                               options=recipe.compile_options(), settings=_settings(recipe, rows),
+                               tag=("fast", recipe, _weights_version(model)), kind=FastDecoder)
+    if decoder.choice is None:            # what its first step reads to decide
+        decoder.recipe, decoder.folder = recipe, folder
+    return decoder
 
 
 class FastDecoder(CompiledDecoder):
-    """A :class:`~tinyserve.backends.compiled.CompiledDecoder` whose first step, once compiled,
-    also decides what the later ones run (:func:`choose_step`, kept in :attr:`choice`): the
-    compiled step, or the same forward pass eagerly over the packed weights."""
+    """A :class:`~tinyserve.backends.compiled.CompiledDecoder` whose first step decides what
+    every step runs (:func:`first_step`, kept in :attr:`choice`): the compiled step, or the same
+    forward pass eagerly over the packed weights, or plain eager; a shape whose choice was
+    kept from an earlier run is compiled only if that choice is the compiled step.
+    ``compile_seconds``: what that first step took (a compile, or only the timing)."""
 
-    choice: "StepChoice | None" = None
+    choice: StepChoice | None = None
+    recipe: "Recipe | None" = None
+    folder: Path | None = None
+
+    def _ways(self, tokens: Tensor, positions: Tensor) -> dict[str, Callable[[], Tensor]]:
+        return step_ways(self.model, self.cache.batch_size,
+                         lambda: CompiledDecoder.step(self, tokens, positions),
+                         lambda: self._forward(tokens, positions))
 
     @torch.no_grad()
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        if self.choice is None:
-            logits = super().step(tokens, positions)          # compiles
-            t, p = tokens.clone(), positions.clone()
-            # Both run the step just run again, on the same inputs: the same keys and values
-            # land in the same slots, so timing them leaves the cache as it was.
-            self.choice = choose_step(self.model, self.cache.batch_size,
-                                      lambda: CompiledDecoder.step(self, t, p),
-                                      lambda: self._forward(t, p), CPU_RECIPE.decode_steps)
-            return logits
-        return self.choice.run(self.model, lambda: CompiledDecoder.step(self, tokens, positions),
-                               lambda: self._forward(tokens, positions))
+        if self.choice is not None:
+            return self.choice.run(self._ways(tokens, positions))
+        start = time.perf_counter()
+        # Every way runs the step just run again, on the same inputs: the same keys and
+        # values land in the same slots, so timing them leaves the cache as it was.
+        t, p = tokens.clone(), positions.clone()
+        what = f"decode {self.cache.batch_size} rows x window {self.cache.max_seq}"
+        self.choice, logits = first_step(self.model, what, self.cache.batch_size,
+                                         self.recipe or CPU_RECIPE, self.folder,
+                                         self._ways(t, p))
+        self.compile_seconds = time.perf_counter() - start
+        return logits
 
 
 def _settings(recipe: Recipe, rows: int):
@@ -413,98 +414,117 @@ def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None,
     return ShapeCost(PACK_LABEL, time.perf_counter() - start if fresh else 0.0, fresh)
 
 
-@dataclass(frozen=True)
-class StepChoice:
-    """What a decode step of ``rows`` rows runs on the fast path (``kernel``: ``"compiled"``
-    or ``"packed"``) and, where both were timed, each one's seconds (the fastest of
-    :data:`CHOICE_RUNS`)."""
-    rows: int
-    kernel: str
-    compiled_s: float | None = None
-    packed_s: float | None = None
+def step_ways(model: TinyLlama, rows: int, compiled: Callable[[], Any],
+              eager: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
+    """The ways a fast step of ``rows`` rows can run here: ``compiled()`` (its first call
+    compiles), ``eager()`` and, for two rows or more of a model whose linears can be packed
+    (:func:`_packs`), ``eager()`` over the weights packed once for oneDNN (one row is the
+    plain weight's either way: :data:`~tinyserve.backends.packed.MIN_ROWS`)."""
+    ways: dict[str, Callable[[], Any]] = {"compiled": compiled, "eager": eager}
+    if rows >= packed.MIN_ROWS and _packs(model):
+        mode = _mode(model)
 
-    def run(self, model: TinyLlama, compiled: Callable[[], Any], eager: Callable[[], Any]) -> Any:
-        """The step as chosen: ``compiled()``, or ``eager()`` over ``model``'s packed weights."""
-        if self.kernel == "packed":
-            with _mode(model):
+        def packed_step() -> Any:
+            with mode:
                 return eager()
-        return compiled()
-
-    def sentence(self) -> str:
-        what = ("compiled" if self.kernel == "compiled"
-                else "eager over weights packed once for oneDNN")
-        if self.compiled_s is None or self.packed_s is None:
-            return what
-        return (f"{what}: {self.rows} rows took {self.packed_s * 1e3:.1f} ms eager and packed "
-                f"against {self.compiled_s * 1e3:.1f} ms compiled")
+        ways["packed"] = packed_step
+    return ways
 
 
-#: Runs of each way a decode step's choice is timed over, in turns (the fastest kept).
-CHOICE_RUNS = 3
-
-
-def choose_step(model: TinyLlama, rows: int, compiled: Callable[[], Any],
-                eager: Callable[[], Any], how: str) -> StepChoice:
-    """What a decode step of ``rows`` rows runs from now on: ``compiled`` (the step just
-    compiled) or ``eager`` (the same forward pass) run over the weights packed once for oneDNN
-    (:class:`~tinyserve.backends.packed.PackedLinears`, shared with the prefills), as ``how``
-    (:attr:`Recipe.decode_steps`) says; ``"measured"`` times both back to back, as a loop runs
-    them, in turns, and keeps the faster. One row, or a model whose linears cannot be packed
-    (:func:`_packs`), stays compiled: the packed linear is for two rows or more.
-
-    Why: the compiled step's matmuls are inductor's C++ template (or MKL's), chosen by the
-    autotuner, and past a few rows the template's kernel can fall well short of the machine's
-    FLOP rate. Measured on a 2-core AMD EPYC, one thread, the scale model: 4 rows 13.3 ms
-    compiled against 13.4 eager and packed, 8 rows 28.5 against 17.3, 16 rows 56.3 against
-    25.9 (plain eager 35.0, 41.4, 59.6)."""
+def choose_step(model: TinyLlama, rows: int, ways: dict[str, Callable[[], Any]],
+                how: str) -> StepChoice:
+    """What a step of ``rows`` rows runs from now on, of ``ways`` (:func:`step_ways`, the
+    compiled one already compiled, or left out where nothing compiles), as ``how``
+    (:attr:`Recipe.decode_steps`) says: ``"measured"`` times every way back to back, as a loop
+    runs them, in turns, and keeps the fastest (:func:`~tinyserve.backends.choices.choose`);
+    a way named outright is run where offered, else the compiled step, else eager."""
     if how not in DECODE_STEPS:
         raise ValueError(f"how must be one of {', '.join(DECODE_STEPS)}, not {how!r}")
-    if rows < 2 or not _packs(model) or how == "compiled":
-        return StepChoice(rows, "compiled")
-    mode = _mode(model)
+    if how == "measured":
+        return choose(rows, ways, model.device)
+    kernel = next(w for w in (how, "compiled", "eager") if w in ways)
+    return StepChoice(rows, kernel, why="recipe")
 
-    def packed_step() -> None:
-        with mode:
-            eager()
-    if how == "packed":
-        return StepChoice(rows, "packed")
-    # The untimed first call packs any weight not packed yet; no flush: as a loop runs steps.
-    runs = interleaved_seconds({"compiled": compiled, "packed": packed_step}, model.device,
-                               CHOICE_RUNS)
-    best = {name: min(seconds) for name, seconds in runs.items()}
-    kernel = "packed" if best["packed"] < best["compiled"] else "compiled"
-    return StepChoice(rows, kernel, best["compiled"], best["packed"])
+
+def first_step(model: TinyLlama, what: str, rows: int, recipe: Recipe, folder: Path | None,
+               ways: dict[str, Callable[[], Any]]) -> tuple[StepChoice, Any]:
+    """Run a fast step's first call and decide what the later ones run: (the choice, the
+    first call's output). ``what``: the step's shape in words (its key on disk, with the
+    model's shape, this machine and ``recipe``: :func:`~tinyserve.backends.choices.shape_key`);
+    ``ways``: :func:`step_ways`, whose ``"compiled"`` compiles on its first call.
+
+    In order: where nothing compiles here (:func:`~tinyserve.toolchain.ready`) the
+    compiled way is dropped; a choice kept from an earlier run (``folder``'s
+    :class:`~tinyserve.backends.choices.ChoiceBook`) is taken as it is, so a shape that lost
+    is not compiled; otherwise the step compiles (a failed compile drops that way, saying why
+    once) and :func:`choose_step` times the ways, and the choice is kept."""
+    ways = dict(ways)
+    why = None
+    if recipe.backend == "inductor" and not toolchain.ready(model.device):
+        ways.pop("compiled")
+        why = "no compiler"
+    book, key = ChoiceBook(folder), shape_key(model, what, recipe)
+    kept = book.get(key) if recipe.decode_steps == "measured" else None
+    if kept is not None and kept.kernel in ways:
+        return kept, kept.run(ways)
+    out = None
+    if "compiled" in ways:
+        try:
+            out = ways["compiled"]()
+        except Exception as error:   # noqa: BLE001 - any failed compile: run eagerly instead
+            toolchain.failed(error)
+            ways.pop("compiled")
+            why = "compile failed"
+    choice = choose_step(model, rows, ways, recipe.decode_steps)
+    if why is not None:
+        choice = StepChoice(choice.rows, choice.kernel, choice.seconds, why)
+    elif choice.why == "timed":
+        book.put(key, choice)
+    return choice, choice.run(ways) if out is None or not choice.compiles else out
 
 
 class CompiledStep:
     """One of the engine's decode steps (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`:
-    one batch bucket of ``rows`` x blocks per row, on the paged pool's static buffers)
-    compiled with ``recipe``, where a CUDA graph would be captured: :meth:`replay` runs it,
-    the first call compiling (``compile_seconds``) and then choosing what the later calls
-    run (:func:`choose_step`: the compiled step, or ``step`` eagerly over the packed
-    weights; :attr:`choice`)."""
+    one batch bucket of ``rows`` x ``blocks`` blocks per row, on the paged pool's static
+    buffers) made with ``recipe`` where a CUDA graph would be captured: :meth:`replay` runs it,
+    the first call deciding what every call runs (:func:`first_step`: compiled, eager over the
+    packed weights, or eager; :attr:`choice`) and recording what that took
+    (``compile_seconds``)."""
 
-    def __init__(self, step: Callable[[], Tensor], rows: int, recipe: Recipe,
-                 model: TinyLlama) -> None:
-        self._eager, self._rows, self._model, self._how = step, rows, model, recipe.decode_steps
+    def __init__(self, step: Callable[[], Tensor], rows: int, blocks: int, recipe: Recipe,
+                 model: TinyLlama, folder: Path | None = None) -> None:
+        self._eager, self._rows, self._blocks, self._model = step, rows, blocks, model
+        self._recipe, self._folder = recipe, folder
         self._step = torch.compile(step, backend=recipe.backend,
                                    options=recipe.compile_options(), fullgraph=True,
                                    dynamic=False)
         self._settings = _settings(recipe, rows)
+        self._compiled = False
         self.compile_seconds: float | None = None
         self.choice: StepChoice | None = None
 
+    def _compiled_step(self) -> Tensor:
+        if self._compiled:
+            return self._step()
+        with compiling(self._settings):      # freezing is read while tracing (see the module)
+            out = self._step()
+        self._compiled = True
+        return out
+
+    def _ways(self) -> dict[str, Callable[[], Tensor]]:
+        return step_ways(self._model, self._rows, self._compiled_step, self._eager)
+
     def replay(self) -> None:
         if self.choice is not None:
-            self.choice.run(self._model, self._step, self._eager)
+            self.choice.run(self._ways())
             return
         start = time.perf_counter()
-        with compiling(self._settings):      # freezing is read while tracing (see the module)
-            self._step()
-        self.compile_seconds = time.perf_counter() - start
         # The step reads the buffers its caller filled and writes the same slots each time:
         # running it again to time it leaves the pool as it was.
-        self.choice = choose_step(self._model, self._rows, self._step, self._eager, self._how)
+        self.choice, _ = first_step(self._model, f"engine decode {self._rows} rows x "
+                                    f"{self._blocks} blocks", self._rows, self._recipe,
+                                    self._folder, self._ways())
+        self.compile_seconds = time.perf_counter() - start
 
     @property
     def note(self) -> str:
@@ -528,14 +548,15 @@ def engine_steps(model: TinyLlama, num_blocks: int, block_size: int, max_rows: i
     tensors and its own buffers, never a request's state, so a new engine (a fresh block
     manager over the same pool) reuses every shape compiled so far instead of compiling
     them again. In use (``in_use``) until its engine is gone; then the next may take it."""
-    inductor_cache(cache)
+    folder = inductor_cache(cache)
     recipe = CPU_RECIPE
 
     def make() -> EngineGraphs:
         pool = PagedKVCache(model.config, num_blocks, block_size, device=model.device,
                             dtype=model.dtype, scratch=True)
         return EngineGraphs(model, pool, max_rows, capture=False,
-                            compiler=functools.partial(CompiledStep, recipe=recipe, model=model))
+                            compiler=functools.partial(CompiledStep, recipe=recipe, model=model,
+                                                       folder=folder))
     key = (num_blocks, block_size, max_rows, recipe, model.device, model.dtype)
     steps = _ENGINE_STEPS.get(model, key, make)
     steps.in_use, steps.checked = True, False   # the first step checks the weights
@@ -543,12 +564,14 @@ def engine_steps(model: TinyLlama, num_blocks: int, block_size: int, max_rows: i
 
 
 class CompiledPasses(StaticPasses):
-    """:class:`~tinyserve.backends.spec_graphs.StaticPasses` whose every width's pass is
-    compiled (the CPU fast path) instead of captured: the same static buffers, the same
-    forward pass, one compiled function per width, each compiled on its first call."""
+    """:class:`~tinyserve.backends.spec_graphs.StaticPasses` whose every width's pass runs the
+    fast path's way (the CPU fast path) instead of a captured graph: the same static buffers,
+    the same forward pass; each width's first pass decides what that width runs
+    (:func:`first_step`: compiled, eager over the packed weights, or eager), kept in
+    :attr:`choices`."""
 
     def __init__(self, model: TinyLlama, window: int, widths: Sequence[int],
-                 recipe: Recipe) -> None:
+                 recipe: Recipe, folder: Path | None = None) -> None:
         super().__init__(model, window, widths, capture=False)
         self._compiled = {w: torch.compile(functools.partial(StaticPasses._forward, self, w),
                                            backend=recipe.backend,
@@ -556,15 +579,33 @@ class CompiledPasses(StaticPasses):
                                            dynamic=False)
                           for w in self.widths}
         self._settings = {w: _settings(recipe, w) for w in self.widths}
-        #: Seconds each width's first pass took (its compile, unless found on disk).
+        self._recipe, self._folder = recipe, folder
+        self._built: set[int] = set()
+        #: Seconds each width's first pass took (a compile, unless found on disk or not chosen).
         self.compile_seconds: dict[int, float] = {}
+        #: What each width runs, once its first pass has run.
+        self.choices: dict[int, StepChoice] = {}
 
-    def _forward(self, w: int) -> Tensor:
-        if w in self.compile_seconds:
+    def _compiled_pass(self, w: int) -> Tensor:
+        if w in self._built:
             return self._compiled[w]()
-        start = time.perf_counter()
         with compiling(self._settings[w]):   # freezing is read while tracing (see the module)
             out = self._compiled[w]()
+        self._built.add(w)
+        return out
+
+    def _ways(self, w: int) -> dict[str, Callable[[], Tensor]]:
+        return step_ways(self.model, w, functools.partial(self._compiled_pass, w),
+                         functools.partial(StaticPasses._forward, self, w))
+
+    def _forward(self, w: int) -> Tensor:
+        if w in self.choices:
+            return self.choices[w].run(self._ways(w))
+        start = time.perf_counter()
+        # A pass re-run on the same static tokens and positions writes the same keys and
+        # values to the same slots: timing the ways leaves the cache as it was.
+        self.choices[w], out = first_step(self.model, f"pass width {w} x window {self.window}",
+                                          w, self._recipe, self._folder, self._ways(w))
         self.compile_seconds[w] = time.perf_counter() - start
         return out
 
@@ -582,11 +623,12 @@ def fast_passes(model: TinyLlama, tokens: int, widths: Iterable[int], *,
     widths = tuple(sorted(set(widths)))
     if model.device.type == "cuda":
         return static_passes(model, tokens, widths)
-    inductor_cache(cache)
+    folder = inductor_cache(cache)
     window = window_for(tokens, model.config.max_position_embeddings)
     recipe = CPU_RECIPE
     key = (window, widths, recipe, _weights_version(model))
-    passes = _PASSES.get(model, key, lambda: CompiledPasses(model, window, widths, recipe))
+    passes = _PASSES.get(model, key,
+                         lambda: CompiledPasses(model, window, widths, recipe, folder))
     passes.in_use = True
     return passes
 
@@ -674,7 +716,7 @@ def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
         if fresh:
             B = step.cache.batch_size
             step.step(torch.full((B,), pad, device=device), torch.zeros(B, dtype=torch.long))
-        note = step.choice.sentence() if step.choice is not None and shape.batch > 1 else ""
+        note = step.choice.sentence() if step.choice is not None else ""
         yield label, float(step.compile_seconds) if fresh else 0.0, fresh, note
         return
     passes = fast_passes(model, shape.tokens, shape.widths, cache=cache)
