@@ -126,14 +126,17 @@ _COST_MODEL = ("tinyserve/simulator.py", "tinyserve/assets/cost_model.json")
 #: What the serving-engine suites share (a workload run through the engine, its figures).
 _ENGINE_RUNS = "bench/suites/_engine_runs.py"
 #: What bench scale times: the suite, the scale model and the code each of its figures runs.
-#: (Issue 37 item 5 added the fast path's modules and the engine it runs in.)
+#: (Issue 37 item 5 added the fast path's modules and the engine it runs in; issue 50 its
+#: per-shape choices and the toolchain probe.)
 _SCALE_SOURCES = tuple(dict.fromkeys((
     "bench/suites/scale.py", "bench/suites/_prepare_repeat.py", "bench/suites/_loops_step.py",
-    "tinyserve/scale.py",
+    "bench/suites/_linear_rows.py", "bench/suites/_fast_vs_eager.py",
+    "bench/suites/_fast_choices.py", "tinyserve/scale.py",
     "tinyserve/roofline.py",
     "tinyserve/backends/compiled.py", "tinyserve/backends/static.py", "tinyserve/quant.py",
     "tinyserve/speculative.py", "tinyserve/draft_replay.py", "tinyserve/parallel",
     "tinyserve/backends/fast.py", "tinyserve/backends/packed.py",
+    "tinyserve/backends/choices.py", "tinyserve/toolchain.py",
     "tinyserve/backends/spec_graphs.py",
     "tinyserve/backends/cuda_graph.py", "tinyserve/backends/decoder_cache.py",
     "tinyserve/paths.py", *_STEP, *_ENGINE)))
@@ -216,6 +219,10 @@ SUITES: tuple[SuiteHeadlines, ...] = (
     SuiteHeadlines("scale", _SCALE_SOURCES, (
         Headline("scale_decode_mbu_b1", fmt="{:.2f}", goal=Goal("at_least", 0.85)),
         Headline("scale_step_rows4_vs_rows1", goal=Goal("at_most", 1.5)),
+        # Issue 50: the fast path never loses to eager (its batch-1 step over eager's, in
+        # turns, the loops' and the engine's).
+        Headline("scale_fast_vs_eager_b1", goal=Goal("at_most", 1.0)),
+        Headline("scale_engine_fast_vs_eager_b1", goal=Goal("at_most", 1.0)),
         Headline("scale_knee_measured_vs_predicted", fmt="{:.2f}",
                  goal=Goal("between", 0.33, high=3.0)),
         Headline("scale_int8_decode_speedup", goal=Goal("at_least", 2.5)),

@@ -162,9 +162,11 @@ SCALE_CORE = {"scale_decode_mbu_b1", "scale_step_rows4_vs_rows1",
               "scale_knee_measured_vs_predicted", "scale_verify_k4_vs_step",
               "scale_cache_speedup_512", "scale_prefill_tokens_per_step"}
 SCALE_OPTIONAL = {"int8": {"scale_int8_decode_speedup"},
+                  "fast_vs_eager": {"scale_fast_vs_eager_b1"},
                   "speculative_fast": {"scale_spec_speedup_fast",
                                        "scale_spec_measured_vs_predicted"},
-                  "engine_fast": {"scale_engine_mbu_b1", "scale_engine_throughput_4_vs_1"},
+                  "engine_fast": {"scale_engine_mbu_b1", "scale_engine_throughput_4_vs_1",
+                                  "scale_engine_fast_vs_eager_b1"},
                   "tensor_parallel": {"scale_tp2_decode_speedup", "scale_tp2_vs_bandwidth_bound"},
                   "prepare_repeat": {"scale_prepare_repeat_s"}}
 
@@ -210,6 +212,17 @@ def test_scale_suite_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFix
         assert min(m["prepare_repeat"]["first_s"], m["prepare_repeat"]["trace_s"]) > 0
     if "skipped" not in m["engine_fast"]:
         assert {"1", "4"} <= set(m["engine_fast"]["steps"])
+    # Issue 50: every fast shape the suite prepared says what it runs here and why; the
+    # fast-against-eager ratios carry their note, goal met or not.
+    shapes = {(c["part"], c["model"], c["shape"]) for c in m["fast_choices"]}
+    assert ("loops", "target", "decode 1 rows x window 64") in shapes
+    assert all(c["kernel"] in ("compiled", "packed", "eager") and c["sentence"]
+               for c in m["fast_choices"])
+    if "skipped" not in m["prepare_repeat"]:
+        assert m["prepare_repeat"]["second_choice"]["why"] == "kept"
+        assert not m["prepare_repeat"]["compiled_a_kept_loser"]
+    for name in ("scale_fast_vs_eager_b1", "scale_engine_fast_vs_eager_b1"):
+        assert name not in data["ratios"] or "its shape (" in data["notes"][name]
     # Every ratio is declared in the ledger, and each missed goal has its note.
     declared = {h.name: h for h in BY_SUITE["scale"].headlines}
     assert set(data["ratios"]) <= set(declared)

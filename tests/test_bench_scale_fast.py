@@ -1,6 +1,7 @@
-"""bench scale's fast-path parts (issue 37 item 5) without running them: the ratios read from
-a report's measurements, the notes a missed goal gets, the quick recipe put back, and a
-preparing process that overruns its deadline killed. (The whole suite runs, quick, in
+"""bench scale's fast-path parts (issue 37 item 5, issue 50) without running them: the ratios
+read from a report's measurements (the fast steps against eager, in turns, among them), the
+notes a missed goal gets, the per-shape choices the report lists, the quick recipe put back,
+and a preparing process that overruns its deadline killed. (The whole suite runs, quick, in
 tests/test_bench.py.)"""
 from __future__ import annotations
 
@@ -8,8 +9,17 @@ import subprocess
 
 import pytest
 
-from bench.suites import _linear_rows, _loops_step, _prepare_repeat, scale
+from bench.suites import (_fast_choices, _fast_vs_eager, _linear_rows, _loops_step,
+                          _prepare_repeat, scale)
 from tinyserve.backends import fast
+from tinyserve.backends.choices import StepChoice
+
+
+def choice(part: str, shape: str, kernel: str, why: str = "timed", model: str = "target",
+           **seconds: float) -> dict:
+    rows = int(shape.split(" rows")[0].split()[-1]) if " rows" in shape else 1
+    made = StepChoice(rows, kernel, tuple(seconds.items()), why)
+    return _fast_choices.choice_entry(part, model, shape, made)
 
 
 def measurements(**parts: dict) -> dict:
@@ -48,7 +58,20 @@ def measurements(**parts: dict) -> dict:
              {"fast_1": [2e-3, 4e-3, 2e-3], "fast_4": [3.4e-3, 6.8e-3, 3.2e-3],
               "eager_1": [4e-3, 8e-3, 4e-3], "probe": [40e9, 20e9, 40e9]}, 6 * 10**7),
          "tensor_parallel": {"skipped": "one core"},
-         "prepare_repeat": {"first_s": 60.0, "second_s": 20.0, "trace_s": 6.0}}
+         "prepare_repeat": {"first_s": 60.0, "second_s": 20.0, "trace_s": 6.0},
+         # Issue 50: the loops' batch-1 step fast and eager in turns (a busy second round
+         # slows both), and the engine's; the shapes' choices.
+         "fast_vs_eager": {**_fast_vs_eager.in_turns_figures([9e-3, 18e-3, 10e-3],
+                                                             [12e-3, 24e-3, 10e-3]),
+                           "tokens_equal": True, "prompt_tokens": 64, "new_tokens": 32,
+                           "rounds": 3},
+         "fast_choices": [
+             choice("loops", "decode 1 rows x window 128", "compiled", compiled=9e-3,
+                    eager=12e-3),
+             choice("engine", "engine decode 1 rows x 8 blocks", "eager", compiled=13e-3,
+                    eager=11e-3)]}
+    m["engine_fast"]["fast_vs_eager_b1"] = _fast_vs_eager.in_turns_figures(
+        [11e-3, 11e-3, 12e-3], [10e-3, 11e-3, 10e-3])
     m.update(parts)
     return m
 
@@ -215,3 +238,163 @@ def test_a_knee_before_the_rooflines_says_what_each_extra_row_cost() -> None:
     note = scale.explain({**scale.scale_ratios(late), "scale_knee_measured_vs_predicted": 4.0},
                          late)["scale_knee_measured_vs_predicted"]
     assert "extra row" not in note                    # a later knee has other reasons
+
+
+# ---- issue 50: the fast steps against eager, in turns, and what each shape chose ----------
+
+def test_a_decode_step_is_the_median_gap_between_token_times() -> None:
+    # 4 tokens, 3 gaps: 10, 30 (an interrupted step) and 12 ms; the first token is the prefill's
+    assert _fast_vs_eager.decode_step_seconds([1.0, 1.010, 1.040, 1.052]) == pytest.approx(0.012)
+    with pytest.raises(ValueError, match="two tokens"):
+        _fast_vs_eager.decode_step_seconds([1.0])
+
+
+def test_fast_against_eager_is_each_rounds_ratio_then_the_median() -> None:
+    """A busy round slows both sides alike: its ratio is the quiet rounds'. Against the
+    medians of each side alone the same rounds would read 10/12 too, but a busy fast round
+    beside quiet eager ones would not."""
+    f = _fast_vs_eager.in_turns_figures([9e-3, 18e-3, 10e-3], [12e-3, 24e-3, 10e-3])
+    assert f["ratio_rounds"] == pytest.approx([0.75, 0.75, 1.0])
+    assert f["ratio"] == pytest.approx(0.75)
+    assert f["fast_median_ms"] == pytest.approx(10.0)
+    assert f["eager_median_ms"] == pytest.approx(12.0)
+    assert f["fast_ms"] == pytest.approx([9.0, 18.0, 10.0])
+    with pytest.raises(ValueError):
+        _fast_vs_eager.in_turns_figures([1e-3], [1e-3, 2e-3])
+
+
+def test_the_fast_against_eager_ratios_read_the_loops_and_the_engines_rounds() -> None:
+    ratios = scale.scale_ratios(measurements())
+    assert ratios["scale_fast_vs_eager_b1"] == pytest.approx(0.75)
+    assert ratios["scale_engine_fast_vs_eager_b1"] == pytest.approx(1.1)   # 1.1, 1.0, 1.2
+    skipped = measurements(fast_vs_eager={"skipped": "failed"},
+                           engine_fast={"skipped": "failed"})
+    assert not {"scale_fast_vs_eager_b1", "scale_engine_fast_vs_eager_b1"} & set(
+        scale.scale_ratios(skipped))
+
+
+def test_the_fast_against_eager_ratios_are_declared_with_goal_at_most_one() -> None:
+    from bench.headlines import headline
+    for name in ("scale_fast_vs_eager_b1", "scale_engine_fast_vs_eager_b1"):
+        goal = headline("scale", name).goal
+        assert goal.met(1.0) and not goal.met(1.01)
+
+
+def test_the_fast_against_eager_notes_say_what_each_batch1_shape_chose() -> None:
+    """Met or not, each note reads the measured steps and the shape's choice; a missed one
+    says what the choice's own timing held against (the fast path's static buffers)."""
+    m = measurements()
+    notes = scale.explain(scale.scale_ratios(m), m)
+    met = notes["scale_fast_vs_eager_b1"]
+    assert "took 10.00 ms with fast=True against 12.00 with fast=False" in met
+    assert "median of 3 rounds in turns; per round 0.75 to 1.00x" in met
+    assert ("its shape (decode 1 rows x window 128) runs compiled (timed in turns now: "
+            "compiled 9.0 ms, eager 12.0 ms)") in met
+    assert "static buffers" not in met                      # met: no excuse is made
+    missed = notes["scale_engine_fast_vs_eager_b1"]
+    assert "took 11.00 ms with EngineConfig(fast=True) against 10.00" in missed
+    assert "its shape (engine decode 1 rows x 8 blocks) runs eager" in missed
+    assert "eagerly on the fast path's static buffers" in missed
+    # a missed goal whose shape chose the compiled step: the choice's own times are quoted
+    m["fast_choices"][1] = choice("engine", "engine decode 1 rows x 8 blocks", "compiled",
+                                  compiled=9e-3, eager=10e-3)
+    note = scale.explain(scale.scale_ratios(m), m)["scale_engine_fast_vs_eager_b1"]
+    assert "the compiled step timed 9.00 ms against the same shape eager 10.00" in note
+    # no recorded choice (CUDA graphs): said so, no sentence made up
+    m["fast_choices"] = []
+    note = scale.explain(scale.scale_ratios(m), m)["scale_fast_vs_eager_b1"]
+    assert "no choice recorded for its shape" in note
+
+
+def test_the_report_lists_each_prepared_shapes_choice_once() -> None:
+    """fast_choices: the loops', speculation's and the engine's shapes and the repeat's in
+    both processes; a pass set made again later (read back from disk) is not listed twice."""
+    loops = [choice("loops", "decode 1 rows x window 128", "compiled", compiled=1e-2,
+                    eager=2e-2),
+             choice("loops", "decode 4 rows x window 128", "packed", compiled=3e-2,
+                    packed=2e-2, eager=4e-2)]
+    spec = [choice("speculative", "pass width 1 x window 128", "eager", model="draft",
+                   compiled=2e-3, eager=1e-3),
+            choice("speculative", "pass width 1 x window 128", "eager", why="kept",
+                   model="draft", compiled=2e-3, eager=1e-3)]
+    kept = {"shape": "decode 1 rows x window 128", "rows": 1, "kernel": "eager",
+            "seconds": {"compiled": 0.02, "eager": 0.01}, "why": "kept",
+            "sentence": "eager (timed in an earlier run, kept on disk: ...)"}
+    m = measurements(speculative_fast={"choices": _fast_choices.unique(spec)},
+                     engine_fast={"choices": [choice("engine", "engine decode 1 rows x 8 "
+                                                     "blocks", "compiled", compiled=1e-2,
+                                                     eager=2e-2)]},
+                     prepare_repeat={"first_choice": {**kept, "why": "timed"},
+                                     "second_choice": kept, "tokens": 128})
+    out = scale.fast_choices(loops, m)
+    assert [(c["part"], c["model"], c["shape"], c["kernel"], c["why"]) for c in out] == [
+        ("loops", "target", "decode 1 rows x window 128", "compiled", "timed"),
+        ("loops", "target", "decode 4 rows x window 128", "packed", "timed"),
+        ("speculative", "draft", "pass width 1 x window 128", "eager", "timed"),
+        ("engine", "target", "engine decode 1 rows x 8 blocks", "compiled", "timed"),
+        ("prepare_repeat (first process)", "target", "decode 1 rows x window 128", "eager",
+         "timed"),
+        ("prepare_repeat (second process)", "target", "decode 1 rows x window 128", "eager",
+         "kept")]
+    assert out[1]["seconds"] == {"compiled": 3e-2, "packed": 2e-2, "eager": 4e-2}
+    assert _fast_choices.batch1(out, "engine", "engine decode")["kernel"] == "compiled"
+    assert _fast_choices.batch1(out, "speculative", "decode") is None
+    assert _fast_choices.choices_text(out[:1]) == [
+        "loops, target decode 1 rows x window 128: compiled (timed in turns now: "
+        "compiled 10.0 ms, eager 20.0 ms)"]
+
+
+def test_an_engines_choices_are_its_steps_that_ran() -> None:
+    class Step:
+        def __init__(self, made):
+            self.choice = made
+    graphs = type("G", (), {"graphs": {(4, 8): Step(StepChoice(4, "packed")),
+                                       (1, 8): Step(StepChoice(1, "eager")),
+                                       (2, 8): Step(None)}})()
+    engine = type("E", (), {"executor": type("X", (), {"graphs": graphs})()})()
+    out = _fast_choices.engine_choices(engine)
+    assert [(c["shape"], c["kernel"]) for c in out] == [
+        ("engine decode 1 rows x 8 blocks", "eager"),
+        ("engine decode 4 rows x 8 blocks", "packed")]
+    no_graphs = type("E", (), {"executor": type("X", (), {"graphs": None})()})()
+    assert _fast_choices.engine_choices(no_graphs) == []
+
+
+def test_a_repeat_that_compiles_a_shape_kept_as_eager_is_flagged() -> None:
+    timed = {"kernel": "eager", "why": "timed"}
+    kept = {"kernel": "eager", "why": "kept"}
+    ok = _prepare_repeat.repeat_checks({"choice": timed, "graphs_compiled": 1},
+                                       {"choice": kept, "graphs_compiled": 0})
+    assert ok["compiled_a_kept_loser"] is False
+    assert ok["first_graphs_compiled"] == 1 and ok["second_choice"] == kept
+    bad = _prepare_repeat.repeat_checks({"choice": timed}, {"choice": kept,
+                                                            "graphs_compiled": 1})
+    assert bad["compiled_a_kept_loser"] is True
+    # a kept compiled step is compiled again (from the cache): that is no loser's compile
+    won = _prepare_repeat.repeat_checks({}, {"choice": {"kernel": "compiled", "why": "kept"},
+                                             "graphs_compiled": 1})
+    assert won["compiled_a_kept_loser"] is False
+    assert _prepare_repeat.repeat_checks({}, {})["second_choice"] is None
+
+
+def test_a_missed_repeat_whose_kept_choice_is_eager_blames_no_compile() -> None:
+    r = {"first_s": 60.0, "second_s": 20.0, "trace_s": 6.0, "second_graphs_compiled": 0,
+         "second_choice": {"kernel": "eager", "why": "kept",
+                           "sentence": "eager (timed in an earlier run, kept on disk)"}}
+    m = measurements(prepare_repeat=r)
+    note = scale.explain(scale.scale_ratios(m), m)["scale_prepare_repeat_s"]
+    assert "compiled 0 graphs" in note and "no compile is in its time" in note
+    assert "FX graph cache" not in note
+
+
+def test_the_suites_cache_folder_is_fresh_and_put_back(monkeypatch, tmp_path) -> None:
+    import os
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    with _fast_choices.fresh_cache() as folder:
+        assert os.environ["TINYSERVE_CACHE_DIR"] == str(folder) != str(tmp_path)
+        assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+        assert not any(folder.iterdir())
+    assert not folder.exists()
+    assert os.environ["TINYSERVE_CACHE_DIR"] == str(tmp_path)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")

@@ -31,13 +31,14 @@ PROBE_BYTES = 512 * 2**20
 @torch.no_grad()
 def _fast_step(model: TinyLlama, prompts: torch.Tensor, n: int) -> Callable[[], float]:
     """The fast path's decode step for ``prompts`` (B, T), B a bucket (what
-    ``generate_batch(..., fast=True)`` runs), compiled now: a function timing ``n`` steps
-    (seconds per step, one untimed run first)."""
+    ``generate_batch(..., fast=True)`` runs), prepared now (its first step chooses what every
+    step runs here: compiled, eager over packed weights or eager): a function timing ``n``
+    steps (seconds per step, one untimed run first)."""
     from tinyserve.backends.fast import fast_decoder
     B, T = prompts.shape
     decoder = fast_decoder(model, B, T + n, cache=cache_dir())
     first = decoder.prefill(prompts)[:, -1].argmax(-1)
-    decoder.step(first, torch.full_like(first, T))          # compiles
+    decoder.step(first, torch.full_like(first, T))          # compiles, and chooses
     return lambda: per_token_seconds(decoder.step, first, T, n, 1, lambda: None)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..common import QUICK_CONFIG
 
-__all__ = ["PREPARE_TOKENS", "prepare_repeat"]
+__all__ = ["PREPARE_TOKENS", "prepare_repeat", "repeat_checks"]
 
 
 #: One process preparing the fast path for one shape, its figures as JSON on its last line:
@@ -33,11 +33,26 @@ else:
     from tinyserve.model import TinyLlama
     torch.manual_seed(0)
     net = TinyLlama(ModelConfig(**json.loads(model))).eval().to(device, dtype)
+from torch._dynamo.utils import counters
+from tinyserve import toolchain
 start = time.perf_counter()
+if recipe != "traced":
+    toolchain.ready(device)      # the fast path probes first anyway; its own compile not counted
+graphs_before = counters["stats"]["unique_graphs"]
 costs = fast.prepare(net, [fast.Shape(tokens=tokens, batch=1)], progress=False,
                      cache=cache_dir())
-print(json.dumps({"total_s": time.perf_counter() - start,
-                  "costs": [[c.label, c.seconds, c.compiled] for c in costs]}))
+total = time.perf_counter() - start
+choice = None
+if device.type == "cpu":         # the decoder prepare just made (held: nothing is run again)
+    d = fast.fast_decoder(net, 1, tokens, cache=cache_dir())
+    c = d.choice
+    if c is not None:
+        choice = {"shape": f"decode {d.cache.batch_size} rows x window {d.cache.max_seq}",
+                  "rows": c.rows, "kernel": c.kernel, "seconds": dict(c.seconds),
+                  "why": c.why, "sentence": c.sentence()}
+print(json.dumps({"total_s": total, "costs": [[c.label, c.seconds, c.compiled] for c in costs],
+                  "graphs_compiled": counters["stats"]["unique_graphs"] - graphs_before,
+                  "choice": choice}))
 """
 #: A chapter's fast shape (one row, a 128-token window), prepared in fresh processes
 #: (``--quick``: 32, inside the tiny model's window).
@@ -48,8 +63,11 @@ def prepare_repeat(quick: bool) -> dict[str, Any]:
     """:func:`tinyserve.backends.fast.prepare` of a chapter's shape (batch 1, window of
     :data:`PREPARE_TOKENS`) on the scale model in two fresh processes, one after the other,
     sharing one new persistent cache (``TINYSERVE_CACHE_DIR``): the first compiles from
-    nothing, the second finds the first's kernels. Then a third that only traces the same
-    shape (TorchDynamo, no inductor): the part of a repeat no cache removes. Seconds each.
+    nothing and times the shape's ways (:mod:`tinyserve.backends.choices`), the second
+    finds the first's kernels and its choice. Then a third that only traces the same shape
+    (TorchDynamo, no inductor): the part of a repeat no cache removes. Seconds each (from
+    the model loaded to the shape ready), and :func:`repeat_checks`: where the first
+    process chose eager (or packed), the second reads that choice and compiles nothing.
     ``--quick``: the tiny model, every process only tracing (seconds)."""
     import dataclasses
     import json
@@ -65,7 +83,22 @@ def prepare_repeat(quick: bool) -> dict[str, Any]:
     return {"first_s": first["total_s"], "second_s": second["total_s"],
             "trace_s": traced["total_s"], "first_costs": first["costs"],
             "second_costs": second["costs"], "tokens": shape[2], "batch": 1,
-            "recipe": recipe, "deadline_s": limit}
+            "recipe": recipe, "deadline_s": limit,
+            **repeat_checks(first, second)}
+
+
+def repeat_checks(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """What each process chose for the shape (the first times the ways, the second should
+    find that choice kept in the shared folder) and how many graphs each compiled; and
+    ``compiled_a_kept_loser``: the second process compiled a graph although the choice it
+    read was eager or packed (issue 50: a shape that lost is never compiled again)."""
+    kept = second.get("choice") or {}
+    return {"first_choice": first.get("choice"), "second_choice": second.get("choice"),
+            "first_graphs_compiled": first.get("graphs_compiled"),
+            "second_graphs_compiled": second.get("graphs_compiled"),
+            "compiled_a_kept_loser": bool(kept.get("why") == "kept"
+                                          and kept.get("kernel") != "compiled"
+                                          and (second.get("graphs_compiled") or 0) > 0)}
 
 
 def _prepare_process(recipe: str, model: str, tokens: int, cache: str,

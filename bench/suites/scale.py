@@ -32,35 +32,50 @@ run, before its fast one):
   costs measured on the same path in the same run;
 - the loops' decode step (the fast path, what ``generate_batch(..., fast=True)`` runs) at 1
   and 4 rows and the eager batch-1 step, each round in turns with the read probe
-  (:mod:`._loops_step`): the step's MBU against the probe of its own round;
+  (:mod:`._loops_step`): the step's MBU against the probe of its own round; then
+  ``generate(..., fast=True)`` against ``fast=False`` at batch 1, in turns
+  (:mod:`._fast_vs_eager`): whether the fast path's step, whatever it chose, is faster than
+  eager's as the loops run them;
 - one projection alone at 1 and 5 rows, eager and on the fast path's recipe, caches flushed
   (:mod:`._linear_rows`): the matmul kernel's share of a few-row step's extra cost;
 - the continuous-batching engine on the fast path (``EngineConfig(fast=True)``, its 1- and
-  4-row decode shapes prepared first): its batch-1 decode step against the bytes it reads,
-  and 4 concurrent requests' output tokens/s against one's;
+  4-row decode shapes prepared first): its batch-1 decode step against the bytes it reads
+  and against the same engine's with ``fast=False`` (in turns), and 4 concurrent requests'
+  output tokens/s against one's;
 - tensor parallelism over two processes against one, next to what two processes read
   together against one alone (:mod:`tinyserve.parallel.timing`);
 - a chapter's fast shape (batch 1, a 128-token window) prepared in a fresh process and again
   in a second one sharing its persistent cache (``TINYSERVE_CACHE_DIR``), and a third that
   only traces it: what a learner waits the second time.
 
+On a CPU each fast shape runs the fastest of its ways on this machine (compiled, eager over
+packed weights, eager: :mod:`tinyserve.backends.choices`), timed when it first runs; the run
+keeps its fast path's cache in a new folder (:func:`._fast_choices.fresh_cache`), so every
+choice is this run's, and the report lists each shape's (``fast_choices``:
+:mod:`._fast_choices`).
+
 Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issues 30 and 37):
 ``scale_decode_mbu_b1`` (bytes of the loops' batch-1 fast step / the read probe's rate /
 the step's time, per round, the median of rounds), ``scale_step_rows4_vs_rows1`` (the loops'
-4-row fast step / its 1-row step, per round, the median), ``scale_knee_measured_vs_predicted`` (rows where a step
+4-row fast step / its 1-row step, per round, the median), ``scale_fast_vs_eager_b1`` (the
+loops' batch-1 decode step with ``fast=True`` / with ``fast=False``, per round, the median;
+issue 50), ``scale_knee_measured_vs_predicted`` (rows where a step
 first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
 ``scale_verify_k4_vs_step``, ``scale_spec_speedup_fast`` (fast speculative over fast plain
 decoding), ``scale_spec_measured_vs_predicted`` (of that fast run), ``scale_engine_mbu_b1``
 (the engine's batch-1 decode step, each round's run against that round's probe, as
-``scale_decode_mbu_b1``), ``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
+``scale_decode_mbu_b1``), ``scale_engine_fast_vs_eager_b1`` (the engine's batch-1 decode step
+with ``fast=True`` / ``fast=False``, per round, the median),
+``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
 ``scale_tp2_vs_bandwidth_bound`` (TP speed-up / two-process read-bandwidth gain),
 ``scale_cache_speedup_512``, ``scale_prefill_tokens_per_step``, ``scale_prepare_repeat_s``
 (the second process's seconds). Where a goal is missed the report's ``notes`` say what the
 measurements beside it show.
 
 Every time is the fastest of several runs (other processes only slow a run down), except
-the MBUs and the loops' 4 rows against 1: there each round's figures are compared with each
-other and the median over rounds is quoted (:mod:`._loops_step` says why). One torch thread
+the MBUs, the loops' 4 rows against 1 and the fast steps against eager: there each round's
+figures are compared with each other and the median over rounds is quoted
+(:mod:`._loops_step` says why). One torch thread
 per process. ``--quick`` runs the same code on tiny random models and only traces the
 compiled paths (the fast path's recipe set to trace, as the tests do): its figures mean
 nothing and the report says so.
@@ -90,6 +105,9 @@ from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile
                                 mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
 from tinyserve.speculative import expected_tokens_per_pass, predicted_speedup, speculative_generate
 
+from . import _fast_vs_eager
+from ._fast_choices import (batch1, choices_text, engine_choices, fresh_cache, model_choices,
+                            unique)
 from ._linear_rows import kernel_sentence, linear_rows, one_row_sentence
 from ._loops_step import loops_step_in_turns
 from ._prepare_repeat import prepare_repeat
@@ -121,9 +139,9 @@ def fastest_mode(device: torch.device, quick: bool) -> dict[str, Any]:
     """How the fastest compiled path is built here (:func:`~tinyserve.roofline.
     compiled_step_seconds`'s options): on a CPU max-autotune with freezing (the weights
     become constants, packed once for the GEMM kernel the autotuner picks: inductor's C++
-    template or MKL's linear, :func:`~tinyserve.roofline.compile_settings`; chosen because
-    its 4-row step costs nearer one row's than eager ``F.linear``'s, which the rows sweep
-    measures), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
+    template or MKL's linear, :func:`~tinyserve.roofline.compile_settings`: the fast path's
+    compiled way; whether its step beats eager here, at each rows count, is what the rows
+    sweep measures), on CUDA the default CUDA-graph mode. ``--quick`` on a CPU
     only traces (code generation takes minutes)."""
     if quick and device.type == "cpu":
         return {"backend": "eager", "mode": None, "freezing": False}
@@ -146,7 +164,7 @@ def forget_compiled(model: TinyLlama) -> None:
     weights as constants (packed for its GEMMs) in the globals of the Python module inductor
     generated, and a dynamo reset alone leaves those modules loaded (measured: resident
     memory then grew with every bucket compiled, and the sweep's peak was far above what it
-    is with this). The fast path's compiled passes (speculation) go too."""
+    is with this). The fast path's compiled passes (speculation) and engine steps go too."""
     import sys
 
     from torch._inductor.codecache import PyCodeCache
@@ -154,6 +172,7 @@ def forget_compiled(model: TinyLlama) -> None:
     from tinyserve.backends import fast as fastpath
     _DECODERS.drop(model)
     fastpath._PASSES.drop(model)          # the fast path's compiled passes (speculation)
+    fastpath._ENGINE_STEPS.drop(model)    # and its engine steps (each with a paged pool)
     torch._dynamo.reset()
     PyCodeCache.cache_clear()
     for name, module in list(sys.modules.items()):
@@ -291,6 +310,10 @@ def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int,
     prompt_len, max_tokens = (8, 16) if quick else (32, 64)
     prompts = [_prompts(target, 1, prompt_len, seed=10 + i)[0].tolist() for i in range(2)]
     prepared = _prepare_spec(target, draft, prompt_len + max_tokens) if fast else []
+    # What each prepared shape chose, read now: a later request may make new pass sets
+    # (and the cache may drop these) before the run ends.
+    choices = [*model_choices(target, "speculative", "target"),
+               *model_choices(draft, "speculative", "draft")] if fast else []
     # The script is what plain decoding on the same path emits: the tokens compared with.
     scripts = [generate(target, p, max_tokens, fast=True).tokens if fast else
                greedy_script(target, p, max_tokens) for p in prompts]
@@ -320,6 +343,8 @@ def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int,
            "max_tokens": max_tokens, "k": K}
     if fast:   # each frozen function holds a copy of its weights: free them for what follows
         out["prepare_s"] = {c.label: c.seconds for c in prepared}
+        out["choices"] = unique([*choices, *model_choices(target, "speculative", "target"),
+                                 *model_choices(draft, "speculative", "draft")])
         forget_compiled(draft)
         forget_compiled(target)
     del draft
@@ -456,65 +481,80 @@ def tensor_parallel(quick: bool, repeats: int) -> dict[str, Any]:
             "tp2_vs_bandwidth_bound": tp.speedup / bw.speedup}
 
 
-#: The engine runs: prompt tokens and new tokens per request (``--quick``: 8 and 8).
+#: The engine runs: prompt tokens and new tokens per request (``--quick``: 8 and 8); the
+#: loops' fast-against-eager runs take as many new tokens.
 ENGINE_PROMPT, ENGINE_NEW = 64, 32
+#: Rounds of the engine's runs in turns (``--quick``: 1).
+ENGINE_ROUNDS = 5
 
 
 @torch.no_grad()
 def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
     """The continuous-batching engine on the fast path (``EngineConfig(fast=True)``: its
-    pure-decode steps on static buffers, compiled with the fast recipe on a CPU, CUDA graphs
-    on CUDA), the shapes of 1 and 4 rows prepared first (no compile timed) and one untimed
-    round: the whole run of 1 request and of 4 at once (same prompt length and
-    ``max_tokens``) and the read probe, taken in turns for ``rounds`` rounds (the fastest
-    run of each kept; each run's median pure-decode step and each round's probe rate, for
-    the MBU per round: see :mod:`._loops_step`); then one recorded run of each, whose
-    steps say how much of a run was not pure decode."""
+    pure-decode steps on static buffers, each shape running the fast path's choice on a CPU
+    (compiled, packed or eager, timed when prepared), CUDA graphs on CUDA), the shapes of 1
+    and 4 rows prepared first (not timed) and one untimed round: the whole run of 1 request
+    and of 4 at once (same prompt length and ``max_tokens``), the run of 1 request on the
+    same engine with ``fast=False``, and the read probe, taken in turns for ``rounds``
+    rounds (the fastest run of each kept; each run's median pure-decode step and each
+    round's probe rate, for the MBU per round: see :mod:`._loops_step`; the fast and eager
+    batch-1 steps of the same round for ``scale_engine_fast_vs_eager_b1``); then one
+    recorded run of each, whose steps say how much of a run was not pure decode."""
     from tinyserve.engine import Engine, EngineConfig
+
+    def make(fast: bool) -> Engine:
+        return Engine(model, EngineConfig(max_num_seqs=4, enable_prefix_caching=False,
+                                          fast=fast), record_steps=True)
     prompt_len, new = (8, 8) if quick else (ENGINE_PROMPT, ENGINE_NEW)
-    engine = Engine(model, EngineConfig(max_num_seqs=4, enable_prefix_caching=False,
-                                        fast=True), record_steps=True)
+    engine, eager = make(True), make(False)
     prepared = engine.prepare(rows=(1, 4), tokens=prompt_len + new, progress=False)
     seeds = iter(range(100, 10**6))
 
-    def serve(n: int) -> None:
+    def serve(on: Engine, n: int) -> None:
         for _ in range(n):    # new prompts each run (no prefix to share)
-            engine.add_request(_prompts(model, 1, prompt_len, seed=next(seeds))[0].tolist(),
-                               new)
-        engine.run()
+            on.add_request(_prompts(model, 1, prompt_len, seed=next(seeds))[0].tolist(), new)
+        on.run()
 
-    def decode_ms(n: int) -> list[float]:
-        return [1e3 * r.seconds for r in engine.step_log if r.num_rows == r.num_tokens == n]
+    def decode_ms(on: Engine, n: int) -> list[float]:
+        return [1e3 * r.seconds for r in on.step_log if r.num_rows == r.num_tokens == n]
 
-    def run(n: int) -> tuple[float, float]:
-        engine.step_log.clear()
+    def run(on: Engine, n: int) -> tuple[float, float]:
+        on.step_log.clear()
         start = clock(model.device)
-        serve(n)
-        return clock(model.device) - start, statistics.median(decode_ms(n))
+        serve(on, n)
+        return clock(model.device) - start, statistics.median(decode_ms(on, n))
     probe = functools.partial(read_bandwidth, model.device, (16 if quick else 512) * 2**20, 2)
-    runs = in_turns({"one": functools.partial(run, 1), "four": functools.partial(run, 4),
+    runs = in_turns({"one": functools.partial(run, engine, 1),
+                     "four": functools.partial(run, engine, 4),
+                     "one_eager": functools.partial(run, eager, 1),
                      "probe": lambda: probe().best}, rounds)
     steps = {}
     for n in (1, 4):
         engine.step_log.clear()
-        serve(n)
+        serve(engine, n)
         log = engine.step_log
-        steps[str(n)] = {"decode_step_ms": statistics.median(decode_ms(n)),
-                         "decode_steps": len(decode_ms(n)), "steps": len(log),
+        steps[str(n)] = {"decode_step_ms": statistics.median(decode_ms(engine, n)),
+                         "decode_steps": len(decode_ms(engine, n)), "steps": len(log),
                          "other_steps_s": sum(r.seconds for r in log
                                               if not r.num_rows == r.num_tokens == n),
                          "step_s": sum(r.seconds for r in log)}
     one_s, four_s = min(s for s, _ in runs["one"]), min(s for s, _ in runs["four"])
-    del engine
+    choices = engine_choices(engine)
+    del engine, eager
     forget_compiled(model)
+    fast_ms, eager_ms = ([ms for _, ms in runs[k]] for k in ("one", "one_eager"))
     return {"prompt_tokens": prompt_len, "new_tokens": new, "context": prompt_len + new // 2,
             "one_run_s": one_s, "four_run_s": four_s,
             "one_tokens_per_s": new / one_s, "four_tokens_per_s": 4 * new / four_s,
             "throughput_4_vs_1": 4 * one_s / four_s, "steps": steps,
-            "rounds": {"one_decode_step_ms": [ms for _, ms in runs["one"]],
+            "rounds": {"one_decode_step_ms": fast_ms,
                        "four_decode_step_ms": [ms for _, ms in runs["four"]],
+                       "one_eager_decode_step_ms": eager_ms,
+                       "one_eager_run_s": [s for s, _ in runs["one_eager"]],
                        "probe_gb_per_s": [r / 1e9 for r in runs["probe"]]},
-            "prepare_s": {c.label: c.seconds for c in prepared}}
+            "fast_vs_eager_b1": _fast_vs_eager.in_turns_figures(
+                [ms / 1e3 for ms in fast_ms], [ms / 1e3 for ms in eager_ms]),
+            "prepare_s": {c.label: c.seconds for c in prepared}, "choices": choices}
 
 
 def engine_mbu(model: TinyLlama, e: dict[str, Any]) -> dict[str, Any]:
@@ -558,8 +598,10 @@ def _model(quick: bool, device: torch.device, dtype: torch.dtype) -> tuple[TinyL
 
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     # compile_s is what a first user waits: the caches are off for a full run (cold_compiles);
-    # each compiled bucket is a fresh dynamo entry (forget_compiled resets).
-    return cold_compiles(_run, json_path, quick)
+    # each compiled bucket is a fresh dynamo entry (forget_compiled resets). Every fast
+    # shape's choice is timed in this run: its cache folder is new (fresh_cache).
+    with fresh_cache():
+        return cold_compiles(_run, json_path, quick)
 
 
 def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
@@ -600,18 +642,24 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
         m["loops_step"] = loops_step_in_turns(model, _prompts(model, 4, prompt_len), n,
                                               2 if quick else LOOPS_ROUNDS,
                                               (16 if quick else 512) * 2**20)
+        # The same batch-1 shape as the loops' step above (the window holds both).
+        m["fast_vs_eager"] = _part(_fast_vs_eager.loops_fast_vs_eager, model,
+                                   _prompts(model, 1, prompt_len)[0].tolist(),
+                                   8 if quick else ENGINE_NEW, 2 if quick else LOOPS_ROUNDS)
+        loops_choices = model_choices(model, "loops", "target")
         m["linear_rows"] = linear_rows(model, (1, K + 1), 2 if quick else 9,
                                        flush_bytes=(16 if quick else 256) * 2**20)
         forget_compiled(model)
         m["speculative_fast"] = _part(speculative_at_scale, model, quick, 2 if quick else 3,
                                       True)
-        m["engine_fast"] = _part(engine_fast, model, quick, 1 if quick else 3)
+        m["engine_fast"] = _part(engine_fast, model, quick, 1 if quick else ENGINE_ROUNDS)
     if "skipped" not in m["engine_fast"]:
         m["engine_fast"]["mbu_b1"] = engine_mbu(model, m["engine_fast"])
     del model
     gc.collect()
     m["tensor_parallel"] = _part(tensor_parallel, quick, 2 if quick else 5)
     m["prepare_repeat"] = _part(prepare_repeat, quick)
+    m["fast_choices"] = fast_choices(loops_choices, m)
 
     ratios = scale_ratios(m)
     notes = explain(ratios, m)
@@ -719,6 +767,22 @@ def roofline_figures(model: TinyLlama, sweep: list[dict[str, Any]], context: int
                  "roofline": knee_roofline}}
 
 
+def fast_choices(loops: list[dict[str, Any]], m: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every fast shape the suite prepared, with what it runs here and the times that chose
+    it (:mod:`._fast_choices`): the loops' decode buckets, speculation's target step, verify
+    and draft widths, the engine's steps, and the repeat's shape in its first process (timed)
+    and its second (kept). Empty on CUDA (graphs: nothing to choose)."""
+    out = unique(loops)
+    for part in ("speculative_fast", "engine_fast"):
+        out += m[part].get("choices", [])
+    r = m["prepare_repeat"]
+    for which in ("first", "second"):
+        if r.get(f"{which}_choice"):
+            out.append({"part": f"prepare_repeat ({which} process)", "model": "target",
+                        **r[f"{which}_choice"]})
+    return out
+
+
 def scale_ratios(m: dict[str, Any]) -> dict[str, float]:
     """The report's ratios from its measurements (a part that was skipped gives none)."""
     v, longc = m["verify_vs_step"], m["long_context"]
@@ -742,9 +806,14 @@ def scale_ratios(m: dict[str, Any]) -> dict[str, float]:
     if "skipped" not in spec:
         ratios["scale_spec_speedup_fast"] = spec["measured_speedup"]
         ratios["scale_spec_measured_vs_predicted"] = spec["measured_vs_predicted"]
+    if "ratio" in m.get("fast_vs_eager", {}):           # issue 50: fast / eager, in turns
+        ratios["scale_fast_vs_eager_b1"] = m["fast_vs_eager"]["ratio"]
     if "skipped" not in m["engine_fast"]:
         ratios["scale_engine_mbu_b1"] = m["engine_fast"]["mbu_b1"]["mbu"]
         ratios["scale_engine_throughput_4_vs_1"] = m["engine_fast"]["throughput_4_vs_1"]
+        if "fast_vs_eager_b1" in m["engine_fast"]:
+            ratios["scale_engine_fast_vs_eager_b1"] = \
+                m["engine_fast"]["fast_vs_eager_b1"]["ratio"]
     if "skipped" not in m["tensor_parallel"]:
         ratios["scale_tp2_decode_speedup"] = m["tensor_parallel"]["tp"]["speedup"]
         ratios["scale_tp2_vs_bandwidth_bound"] = m["tensor_parallel"]["tp2_vs_bandwidth_bound"]
@@ -792,7 +861,8 @@ def _knee_cost(sweep: dict[int, dict[str, Any]]) -> str:
 
 def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
     """For each ratio that misses its goal (:mod:`bench.headlines`), a sentence computed from
-    the measurements next to it: what they show, not only the number."""
+    the measurements next to it: what they show, not only the number; and, met or not, the
+    fast steps against eager with the way each batch-1 shape chose (:mod:`._fast_vs_eager`)."""
     from ..headlines import headline
     missed = {name for name, value in ratios.items()
               if (h := headline("scale", name)) is not None and h.goal is not None
@@ -827,6 +897,7 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
             f"cost that bends the rows sweep (4 rows: "
             f"{sweep[4]['fastest_ms'] / one['fastest_ms']:.2f}x){_kernel(m)}")
     notes.update(explain_parts(m, missed))
+    notes.update(_fast_vs_eager.notes(m, missed))
     return {k: v for k, v in notes.items() if v}
 
 
@@ -840,7 +911,8 @@ def loops_step_notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
     if "scale_decode_mbu_b1" in missed:
         floor = p["bytes"] / (bw["median"] * 1e9) * 1e3
         notes["scale_decode_mbu_b1"] = (
-            f"the loops' batch-1 step (the fast path) took {ms['fast_1']:.1f} ms (median of "
+            f"the loops' batch-1 step (the fast path{_runs(m, 'loops')}) took "
+            f"{ms['fast_1']:.1f} ms (median of "
             f"{rounds} rounds; eager {ms['eager_1']:.1f}) for {p['bytes'] / 1e6:.0f} MB, "
             f"against the probe's {bw['median']:.1f} GB/s (its rounds {bw['min']:.1f} to "
             f"{bw['max']:.1f}) taken in turns with it: {floor:.1f} ms at that rate, so "
@@ -864,6 +936,13 @@ def loops_step_notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"{four['compiled_ms'] / one['compiled_ms']:.2f}x, eager "
             f"{four['eager_ms'] / one['eager_ms']:.2f}x{_kernel(m)}")
     return notes
+
+
+def _runs(m: dict[str, Any], part: str) -> str:
+    """'; it runs ...': the way the batch-1 shape of ``part`` ("loops", "engine") chose
+    here, with the times that chose it, if the report recorded it."""
+    c = batch1(m.get("fast_choices", []), part, "engine decode" if part == "engine" else "decode")
+    return "" if c is None else f"; it runs {c['sentence']}"
 
 
 def _kernel(m: dict[str, Any]) -> str:
@@ -932,9 +1011,9 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"{_spread(b1['mbu_rounds'])}) against {b1['memory_bound_ms']:.2f} ms for its "
             f"{b1['bytes'] / 1e6:.0f} MB at the probe's {b1['probe_gb_per_s']:.1f} GB/s taken "
             f"in turns with it; the loops' fast step took {loops:.2f} ms "
-            f"({b1['decode_step_ms'] - loops:+.2f} ms: the engine's step is a compile of its "
-            f"own, with its paged gather and its own autotuned kernel choices, plus the host "
-            f"work around it: its inputs' copy into the static buffers, sampling, the "
+            f"({b1['decode_step_ms'] - loops:+.2f} ms: the engine's step is a shape of its "
+            f"own, with its paged gather, chosen on its own{_runs(m, 'engine')}; plus the "
+            f"host work around it: its inputs' copy into the static buffers, sampling, the "
             f"read-back)" + (f"; {one_row_sentence(m['linear_rows'], b1['probe_gb_per_s'])}"
                              if "linear_rows" in m else ""))
     if "scale_engine_throughput_4_vs_1" in missed and "steps" in e:
@@ -950,7 +1029,16 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"{four['other_steps_s'] / four['step_s']:.0%} of the 4-request run's step time"
             f"{_kernel(m)}")
     r = m["prepare_repeat"]
-    if "scale_prepare_repeat_s" in missed and "second_s" in r:
+    kept = r.get("second_choice") or {}
+    if ("scale_prepare_repeat_s" in missed and "second_s" in r
+            and kept.get("kernel", "compiled") != "compiled"):
+        notes["scale_prepare_repeat_s"] = (
+            f"the second process took {r['second_s']:.1f} s against the first's "
+            f"{r['first_s']:.1f} s and compiled {r.get('second_graphs_compiled')} graphs: it "
+            f"read the shape's choice kept by the first ({kept.get('sentence')}), so no "
+            f"compile is in its time; the rest is the fast path's set-up (the toolchain's "
+            f"probe, the kept measurements read) and the shape's first step")
+    elif "scale_prepare_repeat_s" in missed and "second_s" in r:
         notes["scale_prepare_repeat_s"] = (
             f"the second process took {r['second_s']:.1f} s against the first's "
             f"{r['first_s']:.1f} s, and tracing the same shape alone (TorchDynamo, no "
@@ -971,9 +1059,14 @@ def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, 
         rows.append([name, value, goal, met])
     print()
     print(table(["ratio", "value", "goal", "met"], rows))
-    for part in ("int8", "speculative", "speculative_fast", "engine_fast",
+    for part in ("int8", "speculative", "fast_vs_eager", "speculative_fast", "engine_fast",
                  "tensor_parallel", "prepare_repeat"):
         if "skipped" in m[part]:
             print(f"{part}: not measured: {m[part]['skipped']}")
     for name, text in notes.items():
         print(f"note, {name}: {text}")
+    if m.get("fast_choices"):
+        print("the fast path's per-shape choices on this machine (each timed in turns once, "
+              "kept on disk):")
+        for line in choices_text(m["fast_choices"]):
+            print(f"  {line}")
