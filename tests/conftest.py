@@ -66,6 +66,8 @@ def _sdpa_layout_switch():
 def _compiles(item: pytest.Item) -> int | None:
     """How many cells of a chapter run compile the fast path (a minute or more each, the
     heaviest units of ``make test``); None for any test other than a chapter run."""
+    if "::test_runs_without_a_compiler[" in item.nodeid:
+        return 0                                   # a chapter run, with nothing to compile
     if "::test_runs_top_to_bottom[" not in item.nodeid:
         return None
     from test_course_notebooks import _PREPARES
@@ -153,7 +155,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     class ChaptersApart(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if "::test_runs_top_to_bottom[" in nodeid:
+            if "::test_runs_top_to_bottom[" in nodeid or "::test_runs_without_a_compiler[" in nodeid:
                 return nodeid
             return super()._split_scope(nodeid)
     return ChaptersApart(config, log)

@@ -99,14 +99,9 @@ def _renderings(value: float, unit: str) -> list[re.Pattern]:
     return [re.compile(rf"(?<![\d.,]){re.escape(t)}(?![\d]){suffix}") for t in sorted(texts)]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The kernel inherits this environment: one thread keeps the chapter from fighting other
-    # tests for the CPU (the notebooks report ratios, which hold at any thread count).
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    # Quick mode: the chapters that compile the fast path (1, 3, 6b, 8) compile fewer shapes
-    # (tinyserve.workbook.fast_lab), still for real; TINYSERVE_QUICK=0 runs them in full.
-    monkeypatch.setenv("TINYSERVE_QUICK", os.environ.get("TINYSERVE_QUICK", "1"))
+def _run(path: Path) -> nbformat.NotebookNode:
+    """``path`` run top to bottom in a fresh kernel (this process's environment), the probe
+    cell last; the notebook with its outputs, after checking no cell failed."""
     nb = nbformat.read(path, as_version=4)
     nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     client = NotebookClient(nb, timeout_func=_cell_timeout, kernel_name="python3",
@@ -118,6 +113,18 @@ def test_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     errors = [o for cell in nb.cells if cell.cell_type == "code"
               for o in cell.outputs if o.output_type == "error"]
     assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
+    return nb
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel inherits this environment: one thread keeps the chapter from fighting other
+    # tests for the CPU (the notebooks report ratios, which hold at any thread count).
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    # Quick mode: the chapters that compile the fast path (1, 3, 6b, 8) compile fewer shapes
+    # (tinyserve.workbook.fast_lab), still for real; TINYSERVE_QUICK=0 runs them in full.
+    monkeypatch.setenv("TINYSERVE_QUICK", os.environ.get("TINYSERVE_QUICK", "1"))
+    nb = _run(path)
     # Run headless, nobody commits a guess: every measurement holds its printout back, so
     # nothing of the answer shows before a commit (issue 27), and no verdict is printed.
     predictions = json.loads(_stream(nb.cells[-1]).split("PREDICTIONS ", 1)[1].splitlines()[0])
@@ -194,3 +201,25 @@ def test_no_plot_of_a_held_answer_draws_before_a_guess(path: Path) -> None:
             early.append(i)
     assert not early, (f"{path.name}: cells {early} draw after a held measurement without "
                        f"waiting for the guess (wrap them in `if prediction.shown():`)")
+
+
+#: The chapters whose fast path compiles at their start (tinyserve.workbook.fast_lab).
+FAST_CHAPTERS = [COURSE / n for n in ("01_prefill_vs_decode.ipynb", "03_batching.ipynb",
+                                      "08_speculative_decoding.ipynb")]
+
+
+@pytest.mark.parametrize("path", FAST_CHAPTERS, ids=lambda p: p.name)
+def test_runs_without_a_compiler(path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 tmp_path: Path) -> None:
+    # A learner's machine with no C++ compiler (Windows without MSVC, macOS without OpenMP, a
+    # slim container): the fast path runs eagerly, the chapter runs to its end, and says why
+    # once (tinyserve.toolchain). A fresh cache folder: no kernel compiled earlier is found.
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    monkeypatch.setenv("TINYSERVE_QUICK", "1")
+    nb = _run(path)
+    said = [line for cell in nb.cells if cell.cell_type == "code"
+            for line in _stream(cell).splitlines() if line.startswith("fast path off")]
+    assert len(said) == 1 and said[0].startswith("fast path off: no working C++ compiler ("), said
