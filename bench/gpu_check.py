@@ -198,17 +198,17 @@ def graph_tokens(out: Path | None = None, tokens: int = GRAPH_TOKENS) -> int:
     def engine(graph: bool) -> list[list[int]]:
         return generate_many(target, prompts, tokens, EngineConfig(
             num_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=64,
-            graph=graph))
+            path="graph" if graph else "eager"))
 
     def spec(graph: bool) -> list[list[int]]:
-        return [speculative_generate(target, ModelDrafter(draft, graph=graph), p, tokens, k=4,
-                                     graph=graph)[0] for p in prompts]
+        return [speculative_generate(target, ModelDrafter(draft, path="graph" if graph else "eager"), p,
+                                     tokens, k=4, path="graph" if graph else "eager")[0] for p in prompts]
 
     # Each path with graphs against the same path without: the same shapes but for the
     # static buffers, so a difference is the graph's (or the static buffers'), not batching's.
     pairs: dict[str, Callable[[bool], list[list[int]]]] = {
-        "generate": lambda g: [generate(target, p, tokens, graph=g).tokens for p in prompts],
-        "generate_batch": lambda g: generate_batch(target, prompts, tokens, graph=g),
+        "generate": lambda g: [generate(target, p, tokens, path="graph" if g else "eager").tokens for p in prompts],
+        "generate_batch": lambda g: generate_batch(target, prompts, tokens, path="graph" if g else "eager"),
         "engine": engine,
         "speculative": spec,
     }

@@ -44,30 +44,30 @@ def smoke(say: Callable[[str], None] = print) -> list[tuple[str, str]]:
     draft = load_model("draft", device="cpu", dtype=torch.float32)
     tok = load_tokenizer()
     prompts = [tok.encode(p) for p in PROMPTS]
-    want = [generate(target, p, TOKENS, graph=False).tokens for p in prompts]
+    want = [generate(target, p, TOKENS, path="eager").tokens for p in prompts]
     say(f"  ok    load + generate (the reference): {len(want[0])} tokens")
 
-    def spec(graph: bool) -> list[list[int]]:
-        return [speculative_generate(target, ModelDrafter(draft, graph=graph), p, TOKENS,
-                                     k=3, graph=graph)[0] for p in prompts]
+    def spec(path: str) -> list[list[int]]:
+        return [speculative_generate(target, ModelDrafter(draft, path=path), p, TOKENS,
+                                     k=3, path=path)[0] for p in prompts]
 
-    def engine(graph: bool) -> list[list[int]]:
+    def engine(path: str) -> list[list[int]]:
         # 8 tokens a step: the 19-token prompt is prefilled in chunks beside decode rows
         config = EngineConfig(num_blocks=64, block_size=8, max_num_seqs=3,
-                              max_num_batched_tokens=8, chunked_prefill=True, graph=graph)
+                              max_num_batched_tokens=8, chunked_prefill=True, path=path)
         return generate_many(target, prompts, TOKENS, config)
 
     checks: list[tuple[str, Callable[[], list[list[int]]]]] = [
-        ("generate graph=True", lambda: [generate(target, p, TOKENS, graph=True).tokens
+        ("generate path='graph'", lambda: [generate(target, p, TOKENS, path="graph").tokens
                                          for p in prompts]),
         ("generate, no cache", lambda: [generate(target, p, TOKENS, use_cache=False).tokens
                                         for p in prompts]),
-        ("generate_batch", lambda: generate_batch(target, prompts, TOKENS, graph=False)),
-        ("generate_batch graph=True", lambda: generate_batch(target, prompts, TOKENS, graph=True)),
-        ("engine, chunked prefill", lambda: engine(False)),
-        ("engine, chunked prefill, graph=True", lambda: engine(True)),
-        ("speculative, model drafter", lambda: spec(False)),
-        ("speculative, graph=True", lambda: spec(True)),
+        ("generate_batch", lambda: generate_batch(target, prompts, TOKENS, path="eager")),
+        ("generate_batch path='graph'", lambda: generate_batch(target, prompts, TOKENS, path="graph")),
+        ("engine, chunked prefill", lambda: engine("eager")),
+        ("engine, chunked prefill, path='graph'", lambda: engine("graph")),
+        ("speculative, model drafter", lambda: spec("eager")),
+        ("speculative, path='graph'", lambda: spec("graph")),
     ]
     failed: list[tuple[str, str]] = []
     for name, run in checks:

@@ -286,13 +286,13 @@ def test_the_fast_against_eager_notes_say_what_each_batch1_shape_chose() -> None
     m = measurements()
     notes = scale.explain(scale.scale_ratios(m), m)
     met = notes["scale_fast_vs_eager_b1"]
-    assert "took 10.00 ms with fast=True against 12.00 with fast=False" in met
+    assert "took 10.00 ms with path='fast' against 12.00 with path='auto'" in met
     assert "median of 3 rounds in turns; per round 0.75 to 1.00x" in met
     assert ("its shape (decode 1 rows x window 128) runs compiled (timed in turns now: "
             "compiled 9.0 ms, eager 12.0 ms)") in met
     assert "static buffers" not in met                      # met: no excuse is made
     missed = notes["scale_engine_fast_vs_eager_b1"]
-    assert "took 11.00 ms with EngineConfig(fast=True) against 10.00" in missed
+    assert "took 11.00 ms with EngineConfig(path='fast') against 10.00" in missed
     assert "its shape (engine decode 1 rows x 8 blocks) runs eager" in missed
     assert "eagerly on the fast path's static buffers" in missed
     # a missed goal whose shape chose the compiled step: the choice's own times are quoted

@@ -92,8 +92,8 @@ def test_compiled_kernels_give_eager_tokens() -> None:
     want = generate_batch(model, [prompt], 20)
     assert generate_compiled(model, [prompt], 20) == want
     assert compiled_decoder(model, 1).mode == "default"
-    # generate_stream(compile=True), what `generate --compile` runs, reuses that decoder
-    assert list(generate_stream(model, prompt, 20, compile=True)) == want[0]
+    # generate_stream(path="compiled"), what `generate --compile` runs, reuses that decoder
+    assert list(generate_stream(model, prompt, 20, path="compiled")) == want[0]
 
 
 def test_a_token_passed_as_a_view_does_not_recompile_the_step() -> None:
@@ -164,7 +164,7 @@ def test_engine_with_compiled_mlps_gives_eager_tokens() -> None:
     sizes = dict(num_blocks=32, block_size=4, max_num_batched_tokens=8)
     want = generate_many(sharp_model(ONE_LAYER, seed=5), prompts, 10, EngineConfig(**sizes))
     compiled = sharp_model(ONE_LAYER, seed=5)
-    got = generate_many(compiled, prompts, 10, EngineConfig(**sizes, compile=True))
+    got = generate_many(compiled, prompts, 10, EngineConfig(**sizes, path="compiled"))
     assert got == want and all(len(t) == 10 for t in got)
     assert all(k.startswith(("model.", "lm_head")) for k in compiled.state_dict())  # names kept
 
@@ -221,7 +221,7 @@ def test_a_fast_server_prepares_its_largest_step_before_it_serves(traced) -> Non
     from fastapi.testclient import TestClient
     from tinyserve.engine import EngineConfig
     from tinyserve.serving.server import create_app
-    config = EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4, fast=True)
+    config = EngineConfig(num_blocks=64, block_size=16, max_num_seqs=4, path="fast")
     app = create_app(engine_config=config)
     with TestClient(app) as client:
         graphs = app.state.server.engine.engine.executor.graphs

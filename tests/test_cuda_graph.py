@@ -48,12 +48,12 @@ def test_the_static_buffer_step_gives_the_plain_steps_tokens(model, sampling) ->
     """One request and a ragged batch (3 rows padded to the bucket of 4): the static-buffer
     step (eager here, the code a graph records) equals the KV-cache step and recompute."""
     prompt = _prompts(9)[0]
-    plain = generate(model, prompt, 30, sampling=sampling, graph=False).tokens
-    assert generate(model, prompt, 30, sampling=sampling, graph=True).tokens == plain
+    plain = generate(model, prompt, 30, sampling=sampling, path="eager").tokens
+    assert generate(model, prompt, 30, sampling=sampling, path="graph").tokens == plain
     assert generate(model, prompt, 30, sampling=sampling, use_cache=False).tokens == plain
     prompts = _prompts(3, 11, 6)
-    plain = generate_batch(model, prompts, 20, sampling=sampling, graph=False)
-    assert generate_batch(model, prompts, 20, sampling=sampling, graph=True) == plain
+    plain = generate_batch(model, prompts, 20, sampling=sampling, path="eager")
+    assert generate_batch(model, prompts, 20, sampling=sampling, path="graph") == plain
     assert generate_batch(model, prompts, 20, sampling=sampling, use_cache=False) == plain
 
 
@@ -61,21 +61,21 @@ def test_an_int8_model_takes_the_static_buffer_step_too(model) -> None:
     from tinyserve.quant import quantize_model
     int8 = quantize_model(model)
     prompts = _prompts(4, 9)
-    assert generate_batch(int8, prompts, 12, graph=True) == \
-        generate_batch(int8, prompts, 12, graph=False)
+    assert generate_batch(int8, prompts, 12, path="graph") == \
+        generate_batch(int8, prompts, 12, path="eager")
 
 
 def test_stops_and_the_window_end_as_the_plain_loop(model) -> None:
     prompt = _prompts(5)[0]
-    plain = generate(model, prompt, 20, graph=False)
+    plain = generate(model, prompt, 20, path="eager")
     stop = plain.tokens[6]
     for graph in (False, True):
-        trace = generate(model, prompt, 20, stop_ids=(stop,), graph=graph)
+        trace = generate(model, prompt, 20, stop_ids=(stop,), path=("graph" if graph else "auto" if graph is None else "eager"))
         assert trace.tokens == plain.tokens[:plain.tokens.index(stop) + 1]
         assert trace.finish_reason == "stop"
     near = _prompts(CFG.max_position_embeddings - 4)[0]    # 4 tokens to the window's end
-    trace = generate(model, near, 50, graph=True)
-    assert trace.tokens == generate(model, near, 50, graph=False).tokens
+    trace = generate(model, near, 50, path="graph")
+    assert trace.tokens == generate(model, near, 50, path="eager").tokens
     assert len(trace.tokens) == 4 and trace.finish_reason == "window"
 
 
@@ -119,9 +119,9 @@ def test_buffers_keep_their_addresses_and_padding_rows_touch_no_real_row(model) 
 
 def test_two_streams_at_once_get_a_decoder_each(model) -> None:
     a, b = _prompts(5, 8)
-    want_a = generate(model, a, 12, graph=False).tokens
-    want_b = generate(model, b, 12, graph=False).tokens
-    sa, sb = generate_stream(model, a, 12, graph=True), generate_stream(model, b, 12, graph=True)
+    want_a = generate(model, a, 12, path="eager").tokens
+    want_b = generate(model, b, 12, path="eager").tokens
+    sa, sb = generate_stream(model, a, 12, path="graph"), generate_stream(model, b, 12, path="graph")
     got_a, got_b = [], []
     for ta, tb in zip(sa, sb):                            # interleaved, step by step
         got_a.append(ta)
@@ -133,7 +133,7 @@ def test_a_graph_step_reads_only_the_sampled_token(model) -> None:
     """The static-buffer step reads nothing back (a read during capture is an error): each
     step of generate_stream reads once, its sampled token; prefill included."""
     for sampling in (SamplingParams(), SEEDED):
-        stream = generate_stream(model, _prompts(6)[0], 10, sampling=sampling, graph=True)
+        stream = generate_stream(model, _prompts(6)[0], 10, sampling=sampling, path="graph")
         while True:
             with torch.no_grad(), HostReads() as reads:
                 token = next(stream, None)
@@ -152,7 +152,7 @@ def test_wrong_uses_are_refused_with_a_message(model) -> None:
     with pytest.raises(CacheFullError, match="64 slots"):
         decoder.step(torch.tensor([1]), [64])
     with pytest.raises(ValueError, match="needs the KV cache"):
-        next(generate_stream(model, [1, 2], 3, use_cache=False, graph=True))
+        next(generate_stream(model, [1, 2], 3, use_cache=False, path="graph"))
 
 
 # ------------------------------------------------------------------ the capture (CUDA only)
@@ -166,11 +166,11 @@ def gpu_model() -> TinyLlama:
 @pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
 def test_on_cuda_the_replayed_graph_gives_the_eager_tokens(gpu_model, sampling) -> None:
     prompt = _prompts(9)[0]
-    eager = generate(gpu_model, prompt, 30, sampling=sampling, graph=False).tokens
+    eager = generate(gpu_model, prompt, 30, sampling=sampling, path="eager").tokens
     assert generate(gpu_model, prompt, 30, sampling=sampling).tokens == eager   # the default
     prompts = _prompts(3, 11, 6)
     assert generate_batch(gpu_model, prompts, 20, sampling=sampling) == \
-        generate_batch(gpu_model, prompts, 20, sampling=sampling, graph=False)
+        generate_batch(gpu_model, prompts, 20, sampling=sampling, path="eager")
 
 
 @pytest.mark.gpu
@@ -186,7 +186,7 @@ def test_on_cuda_a_graph_is_captured_once_and_again_when_weights_move(gpu_model)
     generate(model, prompt, 8)
     with torch.no_grad():
         model.model.layers[0].mlp.up_proj.weight.mul_(0.5)  # the stacked copy is rebuilt
-    want = generate(model, prompt, 8, graph=False).tokens
+    want = generate(model, prompt, 8, path="eager").tokens
     assert generate(model, prompt, 8).tokens == want
     decoder = graph_decoder(model, 1, tokens=len(prompt) + 8)
     decoder.release()

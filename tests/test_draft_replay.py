@@ -117,7 +117,7 @@ def test_divergence_raises_or_is_recorded(target, draft):
 
 
 def test_on_static_buffers_the_replay_pays_the_same_passes_for_the_same_output(target, draft):
-    """graph=True (the CUDA default, eager on a CPU): the draft's catch-up and steps on the
+    """path="graph" (the CUDA default, eager on a CPU): the draft's catch-up and steps on the
     static buffers a CUDA graph replays, the same widths per step, the same tokens and
     acceptance as on the plain cache."""
     prompt = random_prompt(TARGET.vocab_size, 7, seed=0)
@@ -128,8 +128,8 @@ def test_on_static_buffers_the_replay_pays_the_same_passes_for_the_same_output(t
         hook = draft.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[1]))
         try:
             out, stats = speculative_generate(
-                target, ReplayDrafter(draft, script, 0.6, seed=3, graph=graph), prompt, 30,
-                k=4, graph=graph)
+                target, ReplayDrafter(draft, script, 0.6, seed=3, path=("graph" if graph else "auto" if graph is None else "eager")), prompt, 30,
+                k=4, path=("graph" if graph else "auto" if graph is None else "eager"))
         finally:
             hook.remove()
         runs.append((out, stats.emitted, calls[1:]))   # the first call: the draft's prefill

@@ -74,7 +74,7 @@ def _graph_ran(engine: Engine, graph: bool) -> bool:
 @GRAPH
 @pytest.mark.parametrize("name", CONFIGS)
 def test_batched_equals_alone(name, graph, model, prompts, alone) -> None:
-    engine = Engine(model, replace(CONFIGS[name], graph=graph))
+    engine = Engine(model, replace(CONFIGS[name], path=("graph" if graph else "auto" if graph is None else "eager")))
     seqs = [engine.add_request(p, 20) for p in prompts]
     engine.run()
     assert [s.output_ids for s in seqs] == alone
@@ -88,7 +88,7 @@ def test_batched_equals_alone(name, graph, model, prompts, alone) -> None:
 @GRAPH
 def test_requests_joining_mid_flight_equal_alone(graph, model, prompts, alone) -> None:
     engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=16,
-                                        graph=graph))
+                                        path=("graph" if graph else "auto" if graph is None else "eager")))
     seqs, pending = [], list(prompts)
     while pending or engine.has_unfinished():
         if pending:                                      # one new request every step
@@ -103,7 +103,7 @@ def test_prefix_hit_equals_miss(graph, model) -> None:
     system = random_prompt(CFG.vocab_size, 24, seed=99)
     users = [system + random_prompt(CFG.vocab_size, n, seed=100 + n) for n in (3, 9, 14)]
     want = [list(generate_ids(model, p, 12)) for p in users]
-    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, graph=graph))
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, path=("graph" if graph else "auto" if graph is None else "eager")))
     first = engine.add_request(users[0], 12)
     engine.run()                                         # warms the cache with the system prompt
     rest = [engine.add_request(p, 12) for p in users[1:]]
@@ -120,7 +120,7 @@ def test_seeded_sampling_equals_alone(graph, model, prompts) -> None:
     params = [SamplingParams(temperature=0.9, top_k=20, seed=s) for s in range(len(prompts))]
     want = [generate(model, p, 15, sampling=sp).tokens for p, sp in zip(prompts, params)]
     engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12,
-                                        graph=graph))
+                                        path=("graph" if graph else "auto" if graph is None else "eager")))
     seqs = [engine.add_request(p, 15, sampling=sp) for p, sp in zip(prompts, params)]
     engine.run()
     assert [s.output_ids for s in seqs] == want
@@ -434,7 +434,7 @@ def test_every_static_step_goes_through_the_same_buffers(model, prompts) -> None
     """A graph replays fixed addresses: the static inputs, the gather buffer, the logits
     and the pool keep theirs for a whole run (nothing allocated per step for them)."""
     engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4,
-                                        max_num_batched_tokens=12, graph=True))
+                                        max_num_batched_tokens=12, path="graph"))
     graphs, cache = engine.executor.graphs, engine.executor.cache
 
     def addresses():
@@ -461,7 +461,7 @@ def test_a_static_step_reads_nothing_and_an_engine_step_reads_once(model, prompt
     with torch.no_grad():
         _, reads = count_reads(graphs.step, *_decode_args(bm, rows))
     assert reads.count == 0, reads.where
-    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, graph=True))
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, path="graph"))
     engine.add_request(prompts[0], 10)
     engine.add_request(prompts[1], 10, sampling=SamplingParams(temperature=0.8, top_k=10, seed=1))
     while engine.has_unfinished():
@@ -485,7 +485,7 @@ def test_on_cuda_the_engines_graphs_give_the_eager_tokens(name, prompts) -> None
     replayed, not captured again, for the next requests. (How long a capture takes is
     measured, not asserted: `make gpu-check` reports it.)"""
     gpu = sharp_model(CFG, 0).to("cuda")
-    want = generate_many(gpu, prompts, 20, replace(CONFIGS[name], graph=False))
+    want = generate_many(gpu, prompts, 20, replace(CONFIGS[name], path="eager"))
     engine = Engine(gpu, CONFIGS[name])
     seqs = [engine.add_request(p, 20) for p in prompts]
     engine.run()
@@ -512,7 +512,7 @@ def test_on_cuda_a_replayed_step_reads_once_and_follows_moved_weights(prompts) -
     assert engine.executor.graphs.graphs
     with torch.no_grad():
         gpu.model.layers[0].mlp.up_proj.weight.mul_(0.5)   # its stacked copy is rebuilt
-    config = EngineConfig(num_blocks=64, block_size=4, graph=False)
+    config = EngineConfig(num_blocks=64, block_size=4, path="eager")
     want = generate_many(gpu, prompts[:1], 8, config)[0]
     seq = engine.add_request(prompts[0], 8)
     engine.run()

@@ -1,4 +1,4 @@
-"""The fast path (tinyserve/backends/fast.py) against the eager reference: ``fast=True`` gives
+"""The fast path (tinyserve/backends/fast.py) against the eager reference: ``path="fast"`` gives
 the eager path's tokens in generate, generate_batch, speculative decoding and the engine
 (greedy and seeded sampling; requests joining mid-flight), keeps its compiled kernels in the persistent cache (or the user's
 TORCHINDUCTOR_CACHE_DIR), and names contradictory switches.
@@ -41,9 +41,9 @@ SEEDED = SamplingParams(temperature=0.9, top_k=20, seed=11)
 def test_fast_generate_gives_eager_tokens(traced: Path, sampling: SamplingParams) -> None:
     model = sharp_model(SMALL, seed=1)
     prompt = random_prompt(96, 7, seed=2)
-    want = generate(model, prompt, 24, sampling=sampling, graph=False).tokens
-    assert generate(model, prompt, 24, sampling=sampling, fast=True).tokens == want
-    assert generate(model, prompt, 24, sampling=sampling, fast=True).tokens == want  # reused
+    want = generate(model, prompt, 24, sampling=sampling, path="eager").tokens
+    assert generate(model, prompt, 24, sampling=sampling, path="fast").tokens == want
+    assert generate(model, prompt, 24, sampling=sampling, path="fast").tokens == want  # reused
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
@@ -52,7 +52,7 @@ def test_fast_generate_batch_gives_eager_tokens_for_uneven_prompts(
     model = sharp_model(SMALL, seed=4)
     prompts = [random_prompt(96, n, seed=n) for n in (3, 9, 5)]    # bucket 4: one dummy row
     want = generate_batch(model, prompts, 14, sampling=sampling, stop_ids=(7,))
-    assert generate_batch(model, prompts, 14, sampling=sampling, stop_ids=(7,), fast=True) == want
+    assert generate_batch(model, prompts, 14, sampling=sampling, stop_ids=(7,), path="fast") == want
 
 
 @pytest.mark.parametrize("sampling", [SamplingParams(), SEEDED], ids=["greedy", "seeded"])
@@ -61,8 +61,8 @@ def test_fast_speculation_gives_eager_tokens(traced: Path, sampling: SamplingPar
     prompt = random_prompt(96, 6, seed=7)
     want, stats = speculative_generate(target, ModelDrafter(draft), prompt, 20, k=3,
                                        sampling=sampling)
-    got, fast_stats = speculative_generate(target, ModelDrafter(draft, fast=True), prompt, 20,
-                                           k=3, sampling=sampling, fast=True)
+    got, fast_stats = speculative_generate(target, ModelDrafter(draft, path="fast"), prompt, 20,
+                                           k=3, sampling=sampling, path="fast")
     assert got == want and fast_stats.emitted == stats.emitted
 
 
@@ -70,9 +70,25 @@ def test_fast_replay_drafter_gives_the_targets_greedy_tokens(traced: Path) -> No
     target, draft = sharp_model(SMALL, seed=5), sharp_model(SMALL, seed=6)
     prompt = random_prompt(96, 6, seed=8)
     script = greedy_script(target, prompt, 16)
-    drafter = ReplayDrafter(draft, script, 0.7, fast=True)
-    out, stats = speculative_generate(target, drafter, prompt, 16, k=4, fast=True)
+    drafter = ReplayDrafter(draft, script, 0.7, path="fast")
+    out, stats = speculative_generate(target, drafter, prompt, 16, k=4, path="fast")
     assert out == script and stats.accepted > 0
+
+
+def test_a_finished_request_hands_back_the_drafters_passes_too(traced: Path) -> None:
+    # A drafter made per request (as the bench and chapter 8 make replay drafters): once its
+    # request is done, its pass set is free, so kept sets do not pile up in use and crowd out
+    # the target's (each rebuilt set would compile again).
+    from tinyserve.backends.fast import _PASSES
+    target, draft = sharp_model(SMALL, seed=5), sharp_model(SMALL, seed=6)
+    prompt = random_prompt(96, 6, seed=8)
+    script = greedy_script(target, prompt, 12)
+    for seed in range(6):                  # more requests than the kept sets (MAX_PASSES)
+        drafter = ReplayDrafter(draft, script, 0.7, seed=seed, path="fast")
+        assert speculative_generate(target, drafter, prompt, 12, k=2, path="fast")[0] == script
+        assert drafter.inner.passes is None
+    assert not any(p.in_use for m in (target, draft) for p in _PASSES.decoders(m))
+    assert len(_PASSES.decoders(target)) == 1 and len(_PASSES.decoders(draft)) == 1
 
 
 def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
@@ -90,15 +106,15 @@ def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
     monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), True, "eager", decode_steps="compiled"))
     monkeypatch.setattr(fast, "compile_settings", recorded)
     target, draft = sharp_model(SMALL, seed=21), sharp_model(SMALL, seed=22)
-    generate(target, random_prompt(96, 5, seed=1), 4, fast=True)
-    generate_batch(target, [random_prompt(96, n, seed=n) for n in (3, 4, 5)], 4, fast=True)
+    generate(target, random_prompt(96, 5, seed=1), 4, path="fast")
+    generate_batch(target, [random_prompt(96, n, seed=n) for n in (3, 4, 5)], 4, path="fast")
     assert rows == [1, 4]
     rows.clear()
-    speculative_generate(target, ModelDrafter(draft, fast=True), random_prompt(96, 6, seed=2),
-                         8, k=2, fast=True)
+    speculative_generate(target, ModelDrafter(draft, path="fast"), random_prompt(96, 6, seed=2),
+                         8, k=2, path="fast")
     assert sorted(rows) == [1, 1, 2, 2, 3]          # the target's 1..3, the draft's 1 and 2
     rows.clear()
-    engine = Engine(target, EngineConfig(max_num_seqs=4, fast=True))
+    engine = Engine(target, EngineConfig(max_num_seqs=4, path="fast"))
     engine.prepare(rows=(1, 4), tokens=16, progress=False)
     assert sorted(set(rows)) == [1, 4]
 
@@ -131,7 +147,7 @@ def test_prepare_compiles_the_shapes_a_run_needs_once(traced: Path) -> None:
     assert not any(c.compiled for c in prepare(model, shapes, progress=False))   # held
     # the loops find what was prepared: the prepared decoder serves a batch of 3
     prompts = [random_prompt(96, n, seed=n) for n in (4, 6, 2)]
-    assert generate_batch(model, prompts, 10, fast=True) == generate_batch(model, prompts, 10)
+    assert generate_batch(model, prompts, 10, path="fast") == generate_batch(model, prompts, 10)
 
 
 def test_a_weight_changed_in_place_gets_a_new_fast_decoder(traced: Path) -> None:
@@ -141,14 +157,14 @@ def test_a_weight_changed_in_place_gets_a_new_fast_decoder(traced: Path) -> None
     prompt = random_prompt(64, 5, seed=6)
     before = fast.fast_decoder(model, 1, 16)
     assert fast.fast_decoder(model, 1, 16) is before
-    generate(model, prompt, 8, fast=True)
+    generate(model, prompt, 8, path="fast")
     with torch.no_grad():
         model.lm_head.weight.mul_(-1)
     assert fast.fast_decoder(model, 1, 16) is not before
     fresh = sharp_model(ONE_LAYER, seed=5)
     with torch.no_grad():
         fresh.lm_head.weight.mul_(-1)
-    assert generate(model, prompt, 8, fast=True).tokens == generate(fresh, prompt, 8).tokens
+    assert generate(model, prompt, 8, path="fast").tokens == generate(fresh, prompt, 8).tokens
 
 
 def test_an_int8_weight_changed_in_place_gets_a_new_fast_decoder(traced: Path) -> None:
@@ -171,8 +187,8 @@ def test_a_grouped_int8_model_compiles_to_the_fused_reduction_with_eager_tokens(
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     model = quantize_model(sharp_model(ONE_LAYER, seed=8), group_size=8)
     prompt = random_prompt(64, 6, seed=9)
-    want = generate(model, prompt, 16, graph=False).tokens
-    got, codes = run_and_get_code(lambda: generate(model, prompt, 16, fast=True).tokens)
+    want = generate(model, prompt, 16, path="eager").tokens
+    got, codes = run_and_get_code(lambda: generate(model, prompt, 16, path="fast").tokens)
     assert got == want
     code = "\n".join(codes)
     assert "const int8_t*" in code                 # a kernel loads the int8 weights itself
@@ -186,22 +202,26 @@ def test_a_grouped_int8_model_compiles_to_the_fused_reduction_with_eager_tokens(
     assert numel["int8"] >= weights and numel["float32"] < weights / 2, numel
 
 
-def test_contradictory_switches_are_named(traced: Path) -> None:
+def test_one_switch_names_what_it_takes_in_every_loop(traced: Path) -> None:
+    # One argument for one choice (tinyserve.step_path): a path a loop does not take, or one
+    # that needs the KV cache without it, is an error that names what is allowed.
     model = sharp_model(ONE_LAYER, seed=2)
     prompt = [1, 2, 3]
-    cases = [(dict(compile=True), "fast=True and compile=True"),
-             (dict(graph=False), "fast=True and graph=False"),
-             (dict(graph=True), "fast=True and graph=True contradict on cpu"),
-             (dict(use_cache=False), "fast=True needs the KV cache")]
-    for kwargs, message in cases:
-        with pytest.raises(ValueError, match=message):
-            generate(model, prompt, 4, fast=True, **kwargs)
-    with pytest.raises(ValueError, match="fast=True and graph=True contradict on cpu"):
-        generate_batch(model, [prompt], 4, fast=True, graph=True)
-    with pytest.raises(ValueError, match="fast=True and graph=False contradict"):
-        SpeculativeDecoder(model, ModelDrafter(model), 2, graph=False, fast=True)
-    with pytest.raises(ValueError, match="fast=True and graph=True contradict on cpu"):
-        ModelDrafter(model, graph=True, fast=True)
+    with pytest.raises(ValueError, match="generate: path='fastest' is not one of 'auto', "
+                                         "'eager', 'graph', 'compiled', 'fast'"):
+        generate(model, prompt, 4, path="fastest")
+    with pytest.raises(ValueError, match="without the cache .* pass path='eager'"):
+        generate(model, prompt, 4, path="fast", use_cache=False)
+    with pytest.raises(ValueError, match="generate_batch: path='compiled' is not one of 'auto', "
+                                         "'eager', 'graph', 'fast'"):
+        generate_batch(model, [prompt], 4, path="compiled")
+    with pytest.raises(ValueError, match="SpeculativeDecoder: path='compiled'"):
+        SpeculativeDecoder(model, ModelDrafter(model), 2, path="compiled")
+    with pytest.raises(ValueError, match="ModelDrafter: path='on'"):
+        ModelDrafter(model, path="on")
+    with pytest.raises(TypeError):                       # the old switches are gone
+        generate(model, prompt, 4, fast=True)
+    assert generate(model, prompt, 4, path="eager").tokens == generate(model, prompt, 4).tokens
 
 
 def test_the_cache_folder_is_ours_unless_the_user_chose_one(
@@ -213,7 +233,7 @@ def test_the_cache_folder_is_ours_unless_the_user_chose_one(
     monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(traced))
     user = tmp_path / "users-own"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(user))
-    generate(sharp_model(ONE_LAYER, seed=3), [1, 2, 3], 4, fast=True)
+    generate(sharp_model(ONE_LAYER, seed=3), [1, 2, 3], 4, path="fast")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(user)
     assert not (traced / "inductor").exists()
 
@@ -228,12 +248,12 @@ def test_the_fastest_settings_compile_eager_tokens_into_the_persistent_cache(
     assert fast.CPU_RECIPE is fast.FASTEST
     model = sharp_model(ONE_LAYER, seed=5)
     prompt = random_prompt(64, 5, seed=6)
-    want = generate(model, prompt, 20, graph=False).tokens
+    want = generate(model, prompt, 20, path="eager").tokens
     costs = prepare(model, [fast.Shape(25)], progress=False)
     assert costs[0].label == "decode batch 1 x window 32" and costs[0].compiled
     # then the prefill's packed weights, where a packed pass measured faster here
     assert [c.label for c in costs[1:]] in ([], [fast.PACK_LABEL])
-    assert generate(model, prompt, 20, fast=True).tokens == want
+    assert generate(model, prompt, 20, path="fast").tokens == want
     folder = tmp_path / "inductor" / fast.INDUCTOR_FOLDER
     assert any(p.is_file() for p in folder.rglob("*"))           # the kernels, kept on disk
     assert inductor_config.freezing is False                      # the patch did not leak
@@ -280,7 +300,7 @@ def test_batched_decode_steps_over_packed_weights_give_eager_tokens(packed_steps
     model = sharp_model(SMALL, seed=4)
     prompts = [random_prompt(96, n, seed=n) for n in (3, 9, 5)]    # bucket 4: one dummy row
     want = generate_batch(model, prompts, 14, stop_ids=(7,))
-    assert generate_batch(model, prompts, 14, stop_ids=(7,), fast=True) == want
+    assert generate_batch(model, prompts, 14, stop_ids=(7,), path="fast") == want
     from tinyserve.backends.compiled import DECODERS
     held = DECODERS.decoders(model)
     assert held and all(d.choice is not None and d.choice.kernel == "packed" for d in held)
@@ -292,7 +312,7 @@ def test_the_engine_runs_its_batched_steps_over_packed_weights(packed_steps: Pat
     prompts = [random_prompt(96, n, seed=20 + n) for n in (3, 11, 6, 17, 2)]
     config = dict(num_blocks=48, block_size=4, max_num_seqs=8)
     want, _ = _engine_run(model, prompts, EngineConfig(**config), joins=2)
-    got, engine = _engine_run(model, prompts, EngineConfig(**config, fast=True), joins=2)
+    got, engine = _engine_run(model, prompts, EngineConfig(**config, path="fast"), joins=2)
     assert got == want
     kernels = {rows: g.choice.kernel for (rows, _), g in engine.executor.graphs.graphs.items()}
     assert kernels and all(k == ("compiled" if rows == 1 else "packed")
@@ -360,7 +380,7 @@ def test_the_fast_engine_gives_the_eager_engines_tokens(traced: Path,
               for i in range(len(prompts))]
     config = dict(num_blocks=48, block_size=4, max_num_seqs=8)
     want, _ = _engine_run(model, prompts, EngineConfig(**config), params, joins=2)
-    got, engine = _engine_run(model, prompts, EngineConfig(**config, fast=True), params, joins=2)
+    got, engine = _engine_run(model, prompts, EngineConfig(**config, path="fast"), params, joins=2)
     assert got == want
     graphs = engine.executor.graphs
     assert graphs.compiler is not None and graphs.steps > 0        # decode ran compiled
@@ -383,7 +403,7 @@ def test_the_compiled_engine_step_writes_back_no_more_than_a_layer(traced: Path,
         return gm.forward
     monkeypatch.setattr(fast, "CPU_RECIPE", fast.Recipe((), False, aot_autograd(fw_compiler=keep)))
     model = sharp_model(SMALL, seed=14)
-    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=2, fast=True))
+    engine = Engine(model, EngineConfig(num_blocks=64, block_size=4, max_num_seqs=2, path="fast"))
     engine.prepare(rows=(1,), tokens=20, progress=False)
     layer = engine.executor.cache.k[0]
     gather = engine.executor.graphs.buffers.gathered
@@ -397,7 +417,7 @@ def test_the_compiled_engine_step_writes_back_no_more_than_a_layer(traced: Path,
 
 def test_the_fast_engine_prepares_its_shapes_once_and_runs_on_them(traced: Path) -> None:
     model = sharp_model(SMALL, seed=13)
-    engine = Engine(model, EngineConfig(num_blocks=48, block_size=4, max_num_seqs=8, fast=True))
+    engine = Engine(model, EngineConfig(num_blocks=48, block_size=4, max_num_seqs=8, path="fast"))
     assert engine.executor.graphs.graphs == {}          # nothing compiled at start-up on a CPU
     costs = engine.prepare(rows=(1, 3, 4), tokens=40, progress=False)
     assert [c.label for c in costs] == ["engine decode 1 rows x 16 blocks",
@@ -421,7 +441,7 @@ def test_the_fast_engine_compiles_again_after_a_weight_changes_in_place(traced: 
     # caching is off: cached keys and values of the old weights would be reused.)
     model, fresh = sharp_model(ONE_LAYER, seed=14), sharp_model(ONE_LAYER, seed=14)
     config = dict(num_blocks=24, block_size=4, enable_prefix_caching=False)
-    engine = Engine(model, EngineConfig(**config, fast=True))
+    engine = Engine(model, EngineConfig(**config, path="fast"))
     prompt = random_prompt(64, 5, seed=3)
     engine.add_request(prompt, 6)
     engine.run()
@@ -437,7 +457,7 @@ def test_the_fast_engine_compiles_again_after_a_weight_changes_in_place(traced: 
 
 def test_a_new_fast_engine_reuses_the_compiled_steps_of_one_that_is_gone(traced: Path) -> None:
     model = sharp_model(SMALL, seed=15)
-    config = EngineConfig(num_blocks=40, block_size=4, max_num_seqs=4, fast=True)
+    config = EngineConfig(num_blocks=40, block_size=4, max_num_seqs=4, path="fast")
     prompts = [random_prompt(96, n, seed=n) for n in (4, 7)]
     first = Engine(model, config)
     first.prepare(rows=(2,), tokens=30, progress=False)
@@ -457,12 +477,14 @@ def test_a_new_fast_engine_reuses_the_compiled_steps_of_one_that_is_gone(traced:
     assert [s.output_ids for s in seqs] == want and steps.captures == 1
 
 
-def test_the_engines_contradictory_switches_are_named(traced: Path) -> None:
-    model = sharp_model(ONE_LAYER, seed=2)
-    with pytest.raises(ValueError, match="fast=True and compile=True"):
-        Engine(model, EngineConfig(fast=True, compile=True))
-    with pytest.raises(ValueError, match="fast=True and graph=False contradict"):
-        Engine(model, EngineConfig(fast=True, graph=False))
+def test_the_engine_takes_the_same_switch(traced: Path) -> None:
+    with pytest.raises(ValueError, match="EngineConfig: path='faster' is not one of 'auto', "
+                                         "'eager', 'graph', 'compiled', 'fast'"):
+        EngineConfig(path="faster")
+    assert EngineConfig(path="fast").fast and not EngineConfig().fast
+    assert EngineConfig(path="fast").decode_path(torch.device("cpu")) == (True, True, False)
+    assert EngineConfig(path="graph").decode_path(torch.device("cpu")) == (True, False, False)
+    assert EngineConfig().decode_path(torch.device("cpu")) == (False, False, False)
 
 
 @pytest.mark.gpu
@@ -470,19 +492,19 @@ def test_fast_is_the_cuda_graphs_on_cuda(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("TINYSERVE_CACHE_DIR", str(tmp_path))
     model, draft = sharp_model(SMALL, seed=7).to("cuda"), sharp_model(SMALL, seed=8).to("cuda")
     prompts = [random_prompt(96, n, seed=n) for n in (4, 6)]
-    assert generate_batch(model, prompts, 16, fast=True) == generate_batch(model, prompts, 16,
-                                                                             graph=False)
-    assert generate(model, prompts[0], 16, fast=True).tokens == \
-        generate(model, prompts[0], 16, graph=False).tokens
+    assert generate_batch(model, prompts, 16, path="fast") == generate_batch(model, prompts, 16,
+                                                                             path="eager")
+    assert generate(model, prompts[0], 16, path="fast").tokens == \
+        generate(model, prompts[0], 16, path="eager").tokens
     costs = prepare(model, [fast.Shape(30, batch=2), fast.verify_shape(2, 30)], progress=False)
     assert len(costs) == 4
-    want, _ = speculative_generate(model, ModelDrafter(draft, graph=False), prompts[0], 16, k=2,
-                                   graph=False)
-    got, _ = speculative_generate(model, ModelDrafter(draft, fast=True), prompts[0], 16, k=2,
-                                  fast=True)
+    want, _ = speculative_generate(model, ModelDrafter(draft, path="eager"), prompts[0], 16, k=2,
+                                   path="eager")
+    got, _ = speculative_generate(model, ModelDrafter(draft, path="fast"), prompts[0], 16, k=2,
+                                  path="fast")
     assert got == want
-    engine = Engine(model, EngineConfig(num_blocks=32, block_size=4, fast=True))
+    engine = Engine(model, EngineConfig(num_blocks=32, block_size=4, path="fast"))
     assert engine.executor.graphs.capture and engine.executor.graphs.compiler is None
     assert generate_many(model, prompts, 12, EngineConfig(num_blocks=32, block_size=4,
-                                                          fast=True)) == \
-        generate_many(model, prompts, 12, EngineConfig(num_blocks=32, block_size=4, graph=False))
+                                                          path="fast")) == \
+        generate_many(model, prompts, 12, EngineConfig(num_blocks=32, block_size=4, path="eager"))

@@ -25,7 +25,7 @@ CFG = ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidde
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=96)
 # max_num_seqs 4: buckets 1, 2, 4; windows 64 and 96 positions: 16 and 24 blocks of 4.
 CONFIG = EngineConfig(num_blocks=96, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
-                      graph=True)
+                      path="graph")
 SHAPES = [(4, 24), (4, 16), (2, 24), (2, 16), (1, 24), (1, 16)]
 
 

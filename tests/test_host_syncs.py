@@ -160,7 +160,7 @@ def spec_sampled_device_reads(k: int) -> int:
 def test_a_generate_stream_step_reads_the_sampled_token_only(model, sampling, graph) -> None:
     from tinyserve.generate import generate, generate_stream
     prompt = _prompts(9)[0]
-    stream = generate_stream(model, prompt, 12, sampling=sampling, graph=graph)
+    stream = generate_stream(model, prompt, 12, sampling=sampling, path=("graph" if graph else "auto" if graph is None else "eager"))
     tokens = []
     while True:
         with torch.no_grad(), HostReads() as reads:
@@ -177,15 +177,15 @@ def test_a_generate_batch_step_reads_the_rows_tokens_once(model) -> None:
     from tinyserve.generate import generate_batch
     prompts = _prompts(3, 11, 6)
     for graph in (False, True):
-        out, reads = count_reads(generate_batch, model, prompts, 10, graph=graph)
+        out, reads = count_reads(generate_batch, model, prompts, 10, path=("graph" if graph else "auto" if graph is None else "eager"))
         steps = max(len(o) for o in out)
         assert reads.count <= BATCH_READS * steps, reads.where
         assert out == generate_batch(model, prompts, 10, use_cache=False)
 
 
-def _spec_step_reads(model, drafter, k=4, steps=6, graph=None):
+def _spec_step_reads(model, drafter, k=4, steps=6, path="auto"):
     from tinyserve.speculative import SpeculativeDecoder
-    dec = SpeculativeDecoder(model, drafter, k, graph=graph)
+    dec = SpeculativeDecoder(model, drafter, k, path=path)
     prompt = _prompts(8)[0] * 2                      # repeats: the n-gram drafter finds them
     dec.prefill(prompt, len(prompt) + steps * (k + 1) + 2)
     counts = []
@@ -226,14 +226,14 @@ def test_a_sampled_speculative_step_moves_each_distribution_to_the_host_once(mod
 
 def test_a_speculative_step_on_static_buffers_reads_as_the_plain_one(model) -> None:
     """The draft and verify passes on the static buffers a CUDA graph replays (run eagerly
-    here, graph=True): positions copied in from the host's count, a rewind the host's count
+    here, path="graph"): positions copied in from the host's count, a rewind the host's count
     only, so a step reads what the plain step reads, and gives its tokens."""
     from tinyserve.generate import generate
     from tinyserve.speculative import ModelDrafter, NGramDrafter
     draft = sharp_model(CFG, seed=4)
-    for drafter, most in ((ModelDrafter(draft, graph=True), SPEC_GREEDY_READS),
+    for drafter, most in ((ModelDrafter(draft, path="graph"), SPEC_GREEDY_READS),
                           (NGramDrafter(max_n=3, min_n=1), SPEC_NGRAM_READS)):
-        tokens, counts = _spec_step_reads(model, drafter, graph=True)
+        tokens, counts = _spec_step_reads(model, drafter, path="graph")
         for reads, where in counts:
             assert reads <= most, where
         prompt = _prompts(8)[0] * 2

@@ -102,25 +102,25 @@ def test_the_measured_pass_sizes_decide_what_the_loops_hold(
     assert (cost is not None and cost.label == fast.PACK_LABEL) == bool(start)
     for n in (6, 20):                                           # a prompt each side of 16
         prompt = random_prompt(96, n, seed=n)
-        assert generate(model, prompt, 12, fast=True).tokens == \
-            generate(model, prompt, 12, graph=False).tokens
+        assert generate(model, prompt, 12, path="fast").tokens == \
+            generate(model, prompt, 12, path="eager").tokens
 
 
 def test_the_fast_loops_prefill_on_packed_weights_with_eager_tokens(traced: Path) -> None:
     model = sharp_model(SMALL, seed=11)
     prompts = [random_prompt(96, n, seed=n) for n in (6, 11, 3)]
-    assert generate_batch(model, prompts, 10, fast=True) == generate_batch(model, prompts, 10)
+    assert generate_batch(model, prompts, 10, path="fast") == generate_batch(model, prompts, 10)
     assert fast._PACKED_MODES[model].packed >= 6               # the prefill ran packed
     served = sharp_model(SMALL, seed=14)                       # the engine's prefill steps
     config = EngineConfig(num_blocks=40, block_size=4, max_num_seqs=4)
-    assert generate_many(served, prompts, 8, replace(config, fast=True)) == \
+    assert generate_many(served, prompts, 8, replace(config, path="fast")) == \
         generate_many(served, prompts, 8, config)
     assert fast._PACKED_MODES[served].packed >= 6
     target, draft = sharp_model(SMALL, seed=15), sharp_model(SMALL, seed=16)
     want, _ = speculative_generate(target, ModelDrafter(draft), prompts[1], 12, k=2,
-                                   graph=False)
-    got, _ = speculative_generate(target, ModelDrafter(draft, fast=True), prompts[1], 12, k=2,
-                                  fast=True)
+                                   path="eager")
+    got, _ = speculative_generate(target, ModelDrafter(draft, path="fast"), prompts[1], 12, k=2,
+                                  path="fast")
     assert got == want
     assert fast._PACKED_MODES[target].packed >= 6 and fast._PACKED_MODES[draft].packed >= 6
 

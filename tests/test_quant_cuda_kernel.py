@@ -203,7 +203,7 @@ def test_on_cuda_the_int8_model_decodes_the_reference_tokens() -> None:
     from tinyserve.generate import generate
     model = sharp_model(SMALL, seed=5).to("cuda")
     prompt = random_prompt(SMALL.vocab_size, 7, seed=6)
-    ref = generate(quantize_model(model, kernel="reference"), prompt, 12, graph=False).tokens
+    ref = generate(quantize_model(model, kernel="reference"), prompt, 12, path="eager").tokens
     int8 = quantize_model(model)
-    assert generate(int8, prompt, 12, graph=False).tokens == ref
-    assert generate(int8, prompt, 12, graph=True).tokens == ref    # captured after warm-up
+    assert generate(int8, prompt, 12, path="eager").tokens == ref
+    assert generate(int8, prompt, 12, path="graph").tokens == ref    # captured after warm-up

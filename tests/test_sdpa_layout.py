@@ -72,19 +72,19 @@ def test_the_fixture_imposes_it(sdpa_efficient_layout) -> None:
                          ids=["eager-cache", "graph", "no-cache"])
 def test_generate(model, prompts, graph: bool, use_cache: bool) -> None:
     same_tokens_under_efficient_layout(
-        lambda: generate(model, prompts[1], TOKENS, graph=graph, use_cache=use_cache).tokens)
+        lambda: generate(model, prompts[1], TOKENS, path=("graph" if graph else "auto" if graph is None else "eager"), use_cache=use_cache).tokens)
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_generate_batch(model, prompts, graph: bool) -> None:
-    same_tokens_under_efficient_layout(lambda: generate_batch(model, prompts, TOKENS, graph=graph))
+    same_tokens_under_efficient_layout(lambda: generate_batch(model, prompts, TOKENS, path=("graph" if graph else "auto" if graph is None else "eager")))
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_engine_paged_with_chunked_prefill(model, prompts, graph: bool) -> None:
     # 8 tokens a step: the 11-token prompt is prefilled in chunks, beside decode rows
     config = EngineConfig(num_blocks=32, block_size=4, max_num_seqs=3,
-                          max_num_batched_tokens=8, chunked_prefill=True, graph=graph)
+                          max_num_batched_tokens=8, chunked_prefill=True, path=("graph" if graph else "auto" if graph is None else "eager"))
     same_tokens_under_efficient_layout(lambda: generate_many(model, prompts, TOKENS, config))
 
 
@@ -93,7 +93,7 @@ def test_speculative_with_a_model_drafter(model, prompts, graph: bool) -> None:
     from tinyserve.speculative import ModelDrafter, speculative_generate
     draft = sharp_model(DRAFT, seed=4)
     same_tokens_under_efficient_layout(lambda: speculative_generate(
-        model, ModelDrafter(draft, graph=graph), prompts[0], TOKENS, k=3, graph=graph)[0])
+        model, ModelDrafter(draft, path=("graph" if graph else "auto" if graph is None else "eager")), prompts[0], TOKENS, k=3, path=("graph" if graph else "auto" if graph is None else "eager"))[0])
 
 
 def test_speculative_with_the_replay_drafter(model, prompts) -> None:

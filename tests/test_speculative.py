@@ -396,12 +396,12 @@ def test_a_step_is_k_draft_passes_and_one_verify_pass_on_the_decode_step_code(ta
 def _static_pair(target: TinyLlama) -> tuple[ModelDrafter, ModelDrafter]:
     """The same noisy-copy draft model, drafting on the plain cache and on static buffers."""
     draft = _noisy_copy(target, 0.005, seed=3)
-    return ModelDrafter(draft, graph=False), ModelDrafter(draft, graph=True)
+    return ModelDrafter(draft, path="eager"), ModelDrafter(draft, path="graph")
 
 
 @pytest.mark.parametrize("k", [1, 4])
 def test_static_buffer_passes_give_the_plain_paths_tokens(target, k) -> None:
-    """graph=True on a CPU: the draft steps and the verify pass run eagerly on the static
+    """path="graph" on a CPU: the draft steps and the verify pass run eagerly on the static
     buffers a CUDA graph replays (tinyserve/backends/spec_graphs.py); greedy tokens are the target's
     greedy tokens, seeded sampled tokens those of the plain speculative path, stop tokens and
     the window end as on the plain path, for a draft model and an n-gram drafter."""
@@ -410,20 +410,20 @@ def test_static_buffer_passes_give_the_plain_paths_tokens(target, k) -> None:
         prompt = _prompt(3 + 4 * seed, seed)
         want = generate(target, prompt, 24).tokens
         for drafter in (static, NGramDrafter(max_n=3, min_n=1)):
-            got, _ = speculative_generate(target, drafter, prompt, 24, k=k, graph=True)
+            got, _ = speculative_generate(target, drafter, prompt, 24, k=k, path="graph")
             assert got == want, (seed, type(drafter).__name__)
         sampled = SamplingParams(temperature=1.0, seed=seed)
         assert speculative_generate(target, static, prompt, 24, k=k, sampling=sampled,
-                                    graph=True)[0] == \
+                                    path="graph")[0] == \
             speculative_generate(target, plain, prompt, 24, k=k, sampling=sampled,
-                                 graph=False)[0]
+                                 path="eager")[0]
     stop = want[5]
     assert speculative_generate(target, static, prompt, 24, k=k, stop_ids=(stop,),
-                                graph=True)[0] == generate(target, prompt, 24,
+                                path="graph")[0] == generate(target, prompt, 24,
                                                            stop_ids=(stop,)).tokens
     window = SMALL.max_position_embeddings
     prompt = _prompt(window - 9, 9)
-    assert speculative_generate(target, static, prompt, 100, k=k, graph=True)[0] == \
+    assert speculative_generate(target, static, prompt, 100, k=k, path="graph")[0] == \
         generate(target, prompt, 100).tokens
 
 
@@ -432,9 +432,9 @@ def test_static_buffers_are_reused_and_a_rewind_is_the_hosts_count(target) -> No
     (the graphs with them); a rejected draft is dropped by the host's length alone, and
     the next pass overwrites its slot before any query sees it."""
     from tinyserve.backends.spec_graphs import static_passes
-    drafter = ModelDrafter(_noisy_copy(target, 0.03, seed=3), graph=True)  # often wrong
+    drafter = ModelDrafter(_noisy_copy(target, 0.03, seed=3), path="graph")  # often wrong
     prompt = _prompt(7, 3)
-    dec = SpeculativeDecoder(target, drafter, 4, graph=True)
+    dec = SpeculativeDecoder(target, drafter, 4, path="graph")
     dec.prefill(prompt, 40)
     passes, draft_passes = dec.passes, drafter.passes
     addresses = [t.data_ptr() for t in (*passes.cache.k, *passes.tokens.values(),
@@ -451,12 +451,12 @@ def test_static_buffers_are_reused_and_a_rewind_is_the_hosts_count(target) -> No
     again = static_passes(target, 40, range(1, 6), capture=False)
     assert again is passes                                      # handed back, reused
     again.release()
-    speculative_generate(target, drafter, prompt, 20, k=4, graph=True)
+    speculative_generate(target, drafter, prompt, 20, k=4, path="graph")
     assert drafter.passes is draft_passes and not passes.in_use
     assert addresses == [t.data_ptr() for t in (*passes.cache.k, *passes.tokens.values(),
                                                 *passes.cache.positions.values())]
     with pytest.raises(ValueError, match="at most k=4"):
-        dec = SpeculativeDecoder(target, drafter, 4, graph=True)
+        dec = SpeculativeDecoder(target, drafter, 4, path="graph")
         dec.prefill(prompt, 40)
         dec.step(5)
     dec.release()
@@ -473,12 +473,12 @@ def test_on_cuda_draft_and_verify_passes_replay_graphs_with_the_eager_tokens(tar
     gpu_target = _noisy_copy(target, 0.0, seed=0).to("cuda")
     draft = _noisy_copy(target, 0.005, seed=3).to("cuda")
     prompt = _prompt(9, 2)
-    eager, _ = speculative_generate(gpu_target, ModelDrafter(draft, graph=False), prompt, 30,
-                                    k=4, sampling=sampling, graph=False)
+    eager, _ = speculative_generate(gpu_target, ModelDrafter(draft, path="eager"), prompt, 30,
+                                    k=4, sampling=sampling, path="eager")
     drafter = ModelDrafter(draft)                              # graph by default on CUDA
     got, _ = speculative_generate(gpu_target, drafter, prompt, 30, k=4, sampling=sampling)
     if sampling.temperature == 0:
-        assert got == eager == generate(gpu_target, prompt, 30, graph=False).tokens
+        assert got == eager == generate(gpu_target, prompt, 30, path="eager").tokens
     else:   # the same seeded draws; a float near-tie could differ between the two paths
         assert len(got) == len(eager)
     assert set(drafter.passes.graphs) == {1, 2} and drafter.passes.captures == 2

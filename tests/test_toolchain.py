@@ -53,13 +53,13 @@ def prompt(n, seed):
 target, draft = model(3), model(4)
 p, ps = prompt(6, 1), [prompt(n, n) for n in (3, 4, 5)]
 same = {
-    "generate": generate(target, p, 8, fast=True).tokens == generate(target, p, 8).tokens,
-    "compile": generate(target, p, 8, compile=True).tokens == generate(target, p, 8).tokens,
-    "batch": generate_batch(target, ps, 6, fast=True) == generate_batch(target, ps, 6),
-    "speculation": speculative_generate(target, ModelDrafter(draft, fast=True), p, 8, k=2,
-                                        fast=True)[0]
+    "generate": generate(target, p, 8, path="fast").tokens == generate(target, p, 8).tokens,
+    "compile": generate(target, p, 8, path="compiled").tokens == generate(target, p, 8).tokens,
+    "batch": generate_batch(target, ps, 6, path="fast") == generate_batch(target, ps, 6),
+    "speculation": speculative_generate(target, ModelDrafter(draft, path="fast"), p, 8, k=2,
+                                        path="fast")[0]
                    == speculative_generate(target, ModelDrafter(draft), p, 8, k=2)[0],
-    "engine": generate_many(target, ps, 6, EngineConfig(max_num_seqs=4, fast=True))
+    "engine": generate_many(target, ps, 6, EngineConfig(max_num_seqs=4, path="fast"))
               == generate_many(target, ps, 6, EngineConfig(max_num_seqs=4)),
 }
 print(json.dumps({"same": same, "compiler_available": quant.compiler_available(torch.device("cpu"))}))
@@ -148,7 +148,7 @@ def test_a_shape_timed_once_is_kept_on_disk_and_one_that_lost_never_compiles(
     model = sharp_model(SMALL, seed=5)
     prompt = random_prompt(96, 6, seed=2)
     eager = generate(model, prompt, 8).tokens
-    assert generate(model, prompt, 8, fast=True).tokens == eager
+    assert generate(model, prompt, 8, path="fast").tokens == eager
     (decoder,) = _held(model)
     assert decoder.choice.why == "timed" and {w for w, _ in decoder.choice.seconds} == \
         {"compiled", "eager"}                          # one row: no packed way
@@ -164,7 +164,7 @@ def test_a_shape_timed_once_is_kept_on_disk_and_one_that_lost_never_compiles(
         raise AssertionError("a shape whose kept choice is eager was compiled")
     monkeypatch.setattr(compiled, "compiling", no_compile)
     again = sharp_model(SMALL, seed=5)
-    assert generate(again, prompt, 8, fast=True).tokens == eager
+    assert generate(again, prompt, 8, path="fast").tokens == eager
     (decoder,) = _held(again)
     assert decoder.choice.kernel == "eager" and decoder.choice.why == "kept"
     assert "eager (timed in an earlier run, kept on disk: compiled 20.0 ms, eager 10.0 ms)" \
@@ -184,8 +184,8 @@ def test_a_compile_that_fails_falls_back_to_eager_and_says_why_once(
     monkeypatch.setattr(compiled, "compiling", lowering_fails)
     model = sharp_model(SMALL, seed=6)
     prompts = [random_prompt(96, n, seed=n) for n in (3, 5)]
-    assert generate_batch(model, prompts, 6, fast=True) == generate_batch(model, prompts, 6)
-    assert generate(model, prompts[0], 6, fast=True).tokens == generate(model, prompts[0], 6).tokens
+    assert generate_batch(model, prompts, 6, path="fast") == generate_batch(model, prompts, 6)
+    assert generate(model, prompts[0], 6, path="fast").tokens == generate(model, prompts[0], 6).tokens
     said = [line for line in capsys.readouterr().out.splitlines() if "fast path off" in line]
     assert len(said) == 1 and "torch.compile failed here (LoweringException" in said[0]
     assert all(d.choice.why in ("compile failed", "no compiler") for d in _held(model))

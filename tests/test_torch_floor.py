@@ -70,6 +70,6 @@ def test_the_smoke_runs_every_path_on_this_torch() -> None:
     assert smoke(lines.append) == [], "\n".join(lines)
     assert len(lines) == 2 + PATHS          # the versions, the reference, one line a path
     names = "\n".join(lines)
-    for path in ("generate graph=True", "generate_batch graph=True", "engine, chunked prefill",
-                 "speculative, graph=True", "int8"):
+    for path in ("generate path='graph'", "generate_batch path='graph'", "engine, chunked prefill",
+                 "speculative, path='graph'", "int8"):
         assert path in names

@@ -28,11 +28,13 @@ One request (chapters 0-2)
                     batch bucket and replayed: CUDA's default; the engine's graphs),
                     ``spec_graphs`` (speculation's passes), ``decoder_cache`` (the bounded,
                     least recently used first out cache of built decoders), ``fast`` (what
-                    ``fast=True`` runs here: the graphs on CUDA, the step compiled with the
+                    ``path="fast"`` runs here: the graphs on CUDA, the step compiled with the
                     fastest of compiled, packed and eager on a CPU; its kernel cache and
                     ``prepare``), ``choices`` (what each fast shape runs, timed in turns
                     here, kept on disk), ``packed`` (the eager passes' linears over weights
                     packed once for oneDNN)
+    step_path       the loops' one switch, path=: how a decode step runs (auto, eager, graph,
+                    compiled, fast), the same in generate, speculation and the engine
     toolchain       can torch.compile build CPU kernels here? one probe a process; the line
                     that says why not and how to fix it (python -m tinyserve.toolchain)
     graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)

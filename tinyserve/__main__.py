@@ -60,7 +60,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     shown = ""
     for token in generate_stream(model, ids, max_tokens, sampling=sampling,
                                  stop_ids=(tok.eos_id,), use_cache=not args.no_cache,
-                                 trace=trace, compile=args.compile):
+                                 trace=trace,
+                                 path="compiled" if args.compile else "auto"):
         out.append(token)
         if args.stream:
             # Decode everything so far and print the new suffix: one token can be half of a

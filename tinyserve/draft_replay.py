@@ -66,25 +66,28 @@ class ReplayDrafter:
     run (``max_tokens``). ``a``: the per-token acceptance to set, in [0, 1]. ``seed`` fixes
     which proposals are wrong. ``strict``: raise :class:`ScriptDiverged` when the committed
     text leaves the script (else record the position in ``diverged_at`` and go on).
-    ``graph``: the draft passes on static buffers, CUDA graphs on a GPU (the default there,
-    as :class:`~tinyserve.speculative.ModelDrafter`'s); ``fast``: the draft passes on the
-    fast path (:mod:`tinyserve.backends.fast`), as ``ModelDrafter``'s.
+    ``path``: how the draft passes run, as :class:`~tinyserve.speculative.ModelDrafter`'s
+    (:mod:`tinyserve.step_path`: CUDA graphs by default on a GPU, ``"fast"`` the fast path).
     """
 
     def __init__(self, draft: TinyLlama, script: list[int], a: float, *, seed: int = 0,
-                 strict: bool = True, graph: bool | None = None, fast: bool = False) -> None:
+                 strict: bool = True, path: str = "auto") -> None:
         if not 0 <= a <= 1:
             raise ValueError(f"a is a probability of acceptance, in [0, 1]; got {a}")
         if not script:
             raise ValueError("the script is empty: build it with greedy_script(target, "
                              "prompt_ids, max_tokens)")
-        self.inner = ModelDrafter(draft, graph=graph, fast=fast)
+        self.inner = ModelDrafter(draft, path=path)  # type: ignore[arg-type]
         self.script, self.a, self.seed, self.strict = list(script), a, seed, strict
         self.vocab = draft.config.vocab_size
         self.rng = random.Random(seed)
         self.prompt_len = 0
         self.checked = 0          # committed tokens already compared with the script
         self.diverged_at: int | None = None
+
+    def release(self) -> None:
+        """Hand the draft passes' static buffers back (as :class:`ModelDrafter`'s)."""
+        self.inner.release()
 
     def start(self, prompt_ids: list[int], max_total: int) -> None:
         self.inner.start(prompt_ids, max_total)

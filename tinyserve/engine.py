@@ -17,11 +17,12 @@ the context window) and the blocks it returns. Two executors share this loop:
 clock, so scheduling experiments with thousands of requests take seconds. On CUDA the
 model executor replays each pure-decode step (every row one token) as a CUDA graph
 (:class:`~tinyserve.backends.cuda_graph.EngineGraphs`), every (bucket, window) of them captured when
-the executor is made, before any request; ``EngineConfig(graph=True)`` runs that same
-static-buffer step eagerly on a CPU. ``EngineConfig(fast=True)`` asks for the fastest path
-this machine has (:mod:`tinyserve.backends.fast`): the graphs on CUDA; on a CPU the same
-static-buffer step compiled per (bucket, window) with the fast recipe (max-autotune, frozen
-weights), each shape compiled by :meth:`Engine.prepare` or, failing that, at its first step.
+the executor is made, before any request; ``EngineConfig(path="graph")`` runs that same
+static-buffer step eagerly on a CPU. ``EngineConfig(path="fast")`` asks for the fastest path
+this machine has (:mod:`tinyserve.backends.fast`): the graphs on CUDA; on a CPU each
+(bucket, window) of the same static-buffer step runs its fastest way here (compiled with the
+fast recipe, eager over packed weights, or eager; timed once and kept), each shape made ready
+by :meth:`Engine.prepare` or, failing that, at its first step.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from .generate import PromptError, check_prompt
 from .model import TinyLlama
 from .paged import PagedKVCache, RowSpec
 from .paths import cache_dir
+from .step_path import PATHS, PathName, resolve
 from .policies import Policy
 from .sampling import SamplingParams, sample_rows
 from .scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -60,28 +62,31 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     static: bool = False
     policy: str | Policy = "fcfs"
-    compile: bool = False   # compile the token-wise layers (backends.compiled.compile_token_layers)
-    # Pure-decode steps on static buffers (backends.cuda_graph.EngineGraphs), replayed as
-    # CUDA graphs on CUDA, run eagerly elsewhere. None: on CUDA (without compile) only.
-    graph: bool | None = None
-    # The fastest path here (tinyserve.backends.fast): the graphs on CUDA; on a CPU the
-    # static-buffer decode steps compiled (Engine.prepare compiles the shapes a run needs).
-    fast: bool = False
+    # How a step runs (tinyserve.step_path, the one switch every loop takes): "auto" (CUDA
+    # graphs for pure-decode steps on CUDA, eager elsewhere), "eager", "graph" (static-buffer
+    # decode steps: replayed as CUDA graphs on CUDA, run eagerly elsewhere), "compiled" (the
+    # token-wise layers compiled: backends.compiled.compile_token_layers) or "fast" (the
+    # fastest here: the graphs on CUDA; on a CPU each decode shape's fastest way, timed once
+    # and kept; Engine.prepare makes the shapes a run needs ready).
+    path: PathName = "auto"
 
-    def decode_path(self, device: torch.device) -> tuple[bool, bool]:
-        """(static-buffer decode steps?, compiled?) on ``device``; contradictory switches
-        raise, naming both."""
-        if not self.fast:
-            graph = self.graph if self.graph is not None else \
-                device.type == "cuda" and not self.compile
-            return graph, False
-        if self.compile:
-            raise ValueError("fast=True and compile=True both choose the decode path: fast "
-                             "already compiles on a CPU (graphs on CUDA); drop one")
-        if self.graph is False:
-            raise ValueError("fast=True and graph=False contradict: the fast path runs the "
-                             "decode steps on static buffers; drop one")
-        return True, device.type != "cuda"
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"EngineConfig: path={self.path!r} is not one of "
+                             f"{', '.join(map(repr, PATHS))}")
+
+    @property
+    def fast(self) -> bool:
+        """Whether the engine runs the fast path."""
+        return self.path == "fast"
+
+    def decode_path(self, device: torch.device) -> tuple[bool, bool, bool]:
+        """(static-buffer decode steps?, compiled decode steps?, compiled token-wise layers?)
+        on ``device``."""
+        how = resolve(self.path, device, where="EngineConfig")
+        if how.fast:
+            return True, device.type != "cuda", False
+        return how.graph, False, how.compiled
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,7 @@ class ModelExecutor:
     replayed CUDA graph where ``capture`` (default: on CUDA), the same static-buffer step
     run eagerly otherwise. Prefill and mixed steps always take the eager path. Every graph
     is captured here, at start-up (nano-vllm's way): a capture on the first step of a
-    shape would stall the requests in that step. With ``compiled`` (``fast=True`` on a CPU)
+    shape would stall the requests in that step. With ``compiled`` (``path="fast"`` on a CPU)
     the steps are compiled instead, per shape, by :meth:`Engine.prepare` or at a shape's
     first step, and kept with their pool for the next engine of the same model and sizes
     (:func:`~tinyserve.backends.fast.engine_steps`)."""
@@ -224,10 +229,10 @@ class Engine:
         if executor is None:
             if model is None:
                 raise ValueError("give a model, or an executor (e.g. a SimulatedExecutor)")
-            if config.compile:
+            graph, compiled, layers = config.decode_path(model.device)
+            if layers:
                 from .backends.compiled import compile_token_layers
                 compile_token_layers(model)
-            graph, compiled = config.decode_path(model.device)
             executor = ModelExecutor(model, config.num_blocks, config.block_size, graph=graph,
                                      max_num_seqs=config.max_num_seqs, compiled=compiled)
         self.executor = executor
@@ -251,7 +256,7 @@ class Engine:
                 progress: bool = True) -> list[ShapeCost]:
         """Make the pure-decode steps of ``rows`` rows (each padded to its bucket) ready for
         requests of up to ``tokens`` positions (prompt + output; default: the context
-        window), before any request: on a CPU with ``fast=True`` each is a compile (tens of
+        window), before any request: on a CPU with ``path="fast"`` each is a compile (tens of
         seconds; kernels kept on disk, so a second process compiles faster), on CUDA the
         graphs are already captured. A compiled step also serves every smaller step (fewer
         rows, shorter contexts: padded, masked), so preparing the most rows a run will hold at

@@ -16,7 +16,7 @@ step for a few tokens per row, is what speculative decoding adds: it runs on the
 
 The loops choose the decode backend (:mod:`tinyserve.backends`: a step on fixed buffers,
 captured as a CUDA graph or compiled); :func:`generate_compiled` is the static-batch loop
-over the compiled step. A backend never runs a loop. ``fast=True`` asks the loops for the
+over the compiled step. A backend never runs a loop. ``path="fast"`` asks the loops for the
 fastest path this machine has (:mod:`tinyserve.backends.fast`: the compiled step with the
 fastest settings on a CPU, the CUDA graphs on a GPU); :func:`prepare` compiles the shapes a
 run needs up front, with a progress bar.
@@ -37,6 +37,7 @@ from .paths import cache_dir
 from .device import clock, upload  # noqa: F401 - clock: notebooks import it from here
 from .prompts import PromptError, check_prompt  # noqa: F401 - the loops' callers import them here
 from .sampling import SamplingParams, sample, sample_rows, sample_with
+from .step_path import PATHS, PathName, resolve
 
 __all__ = ["PromptError", "RequestTrace", "check_prompt", "generate_ids", "prefill",
            "extend", "decode_step", "generate_stream", "generate", "generate_batch",
@@ -135,35 +136,6 @@ def eager_passes(model: TinyLlama, fast: bool, ids: Tensor) -> contextlib.Abstra
     return fast_eager_passes(model, ids.numel(), cache=cache_dir())
 
 
-def _decode_path(device: torch.device, fast: bool, compile: bool, graph: bool | None,
-                 use_cache: bool) -> tuple[bool, bool]:
-    """(compile, graph) as asked, contradictions named (both sides). ``graph`` defaults to
-    CUDA's graphs with the cache; ``fast`` is the graphs on CUDA, elsewhere the compiled step
-    (with the fastest settings, which the caller passes on)."""
-    if compile and not use_cache:
-        raise ValueError("compile needs the KV cache: drop --no-cache or --compile")
-    if graph and (compile or not use_cache):
-        raise ValueError("graph decoding needs the KV cache and no --compile")
-    if not fast:
-        if compile and device.type != "cuda":
-            from .toolchain import ready
-            compile = ready(device)   # nothing compiles here: the eager step, said once
-        return compile, (use_cache and not compile and device.type == "cuda"
-                         if graph is None else graph)
-    if not use_cache:
-        raise ValueError("fast=True needs the KV cache: drop use_cache=False (--no-cache) or fast")
-    if compile:
-        raise ValueError("fast=True and compile=True both choose the decode path: fast already "
-                         "compiles on a CPU (max-autotune, frozen weights) and replays CUDA "
-                         "graphs on a GPU; pass one of them")
-    cuda = device.type == "cuda"
-    if graph is False or (graph and not cuda):
-        raise ValueError(f"fast=True and graph={graph} contradict on {device.type}: the fast "
-                         f"path is {'the CUDA graph' if cuda else 'the compiled step'} here "
-                         f"(graph=True on a CPU runs the static buffers eagerly); pass one of them")
-    return not cuda, True if cuda else False
-
-
 def prepare(model: TinyLlama, shapes, *, progress: bool = True) -> list:
     """Compile (on CUDA: capture) the fast path's ``shapes`` up front, a progress bar and a
     line per shape; return their costs in seconds (:func:`tinyserve.backends.fast.prepare`,
@@ -196,31 +168,29 @@ def _admit(model: TinyLlama, tokens: int, use_cache: bool, compile: bool, graph:
 def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
                     sampling: SamplingParams = SamplingParams(),
                     stop_ids: tuple[int, ...] = (), use_cache: bool = True,
-                    trace: RequestTrace | None = None, compile: bool = False,
-                    graph: bool | None = None, fast: bool = False) -> Iterator[int]:
+                    trace: RequestTrace | None = None,
+                    path: PathName = "auto") -> Iterator[int]:
     """Yield up to ``max_tokens`` new tokens as they are sampled; record timestamps in
     ``trace`` if given (its ``arrival`` is kept, so a caller can stamp it when the request
     really arrived). Stops after a stop token (yielded) or at the end of the context window.
 
-    Decode steps run, by default, through a CUDA graph on a GPU
-    (:mod:`tinyserve.backends.cuda_graph`: static buffers, the step captured once and
-    replayed) and eagerly on the plain KV cache elsewhere; ``graph=False`` forces the eager
-    step, ``graph=True`` the static-buffer code on any device (on a CPU it runs eagerly: the
-    same code, no capture). ``compile`` runs decode steps through
-    :mod:`tinyserve.backends.compiled` instead (a static cache and a
-    ``torch.compile``-d step; the first request pays the compile time).
-
-    ``fast=True``: the fastest path here (:mod:`tinyserve.backends.fast`): on a CPU it is
-    ``compile`` with the fastest settings (max-autotune, frozen weights, kernels kept on
-    disk across runs), on CUDA it is ``graph``. It excludes ``compile``, ``graph=False``,
-    ``graph=True`` on a CPU and ``use_cache=False`` (a ValueError names both sides). Tokens
-    are the eager path's; :func:`prepare` compiles its shapes ahead of the first request.
+    ``path`` (:mod:`tinyserve.step_path`) says how decode steps run: ``"auto"`` (a CUDA
+    graph on a GPU: :mod:`tinyserve.backends.cuda_graph`, static buffers, the step captured
+    once and replayed; the eager step on the plain KV cache elsewhere), ``"eager"``,
+    ``"graph"`` (the static-buffer code on any device; on a CPU it runs eagerly: the same
+    code, no capture), ``"compiled"`` (:mod:`tinyserve.backends.compiled`: a static cache
+    and a ``torch.compile``-d step; the first request pays the compile time) or ``"fast"``
+    (:mod:`tinyserve.backends.fast`: on CUDA the graph; on a CPU each step shape's fastest
+    way here, compiled or eager, timed once and kept on disk). Every path but ``"eager"``
+    needs the KV cache. Tokens are the eager path's; :func:`prepare` makes the fast path's
+    shapes ready ahead of the first request.
 
     A step reads one value back from the device: the sampled token, which the host needs
     anyway (to yield it and to stop). Positions come from the host's count.
     """
     device = model.device
-    compile, graph = _decode_path(device, fast, compile, graph, use_cache)
+    how = resolve(path, device, use_cache=use_cache, where="generate")
+    compile, graph, fast = how.compiled, how.graph, how.fast
     if trace is None:
         trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(device))
     trace.prompt_tokens, trace.use_cache = len(prompt_ids), use_cache
@@ -274,13 +244,11 @@ def generate_stream(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
 
 def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
              sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
-             use_cache: bool = True, compile: bool = False,
-             graph: bool | None = None, fast: bool = False) -> RequestTrace:
+             use_cache: bool = True, path: PathName = "auto") -> RequestTrace:
     """Run :func:`generate_stream` to the end; the trace holds the tokens and timestamps."""
     trace = RequestTrace(prompt_tokens=len(prompt_ids), arrival=clock(model.device))
     for _ in generate_stream(model, prompt_ids, max_tokens, sampling=sampling,
-                             stop_ids=stop_ids, use_cache=use_cache, trace=trace,
-                             compile=compile, graph=graph, fast=fast):
+                             stop_ids=stop_ids, use_cache=use_cache, trace=trace, path=path):
         pass
     return trace
 
@@ -288,8 +256,7 @@ def generate(model: TinyLlama, prompt_ids: list[int], max_tokens: int, *,
 @torch.no_grad()
 def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: int, *,
                    sampling: SamplingParams = SamplingParams(), stop_ids: tuple[int, ...] = (),
-                   use_cache: bool = True, graph: bool | None = None,
-                   fast: bool = False) -> list[list[int]]:
+                   use_cache: bool = True, path: PathName = "auto") -> list[list[int]]:
     """Static batching: every prompt advances one token per step until all are done.
 
     Prompts of different lengths are right-padded into one tensor. Padding sits in each
@@ -300,11 +267,10 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     stream, so a seeded batch is reproducible, though a row's tokens differ from the same
     prompt run alone with that seed.
 
-    Decode steps run as in :func:`generate_stream`: a CUDA graph by default on a GPU (the
-    batch padded up to the graph's bucket), the eager step on the plain cache elsewhere;
-    ``graph`` forces one or the other. ``fast=True``: the fastest path here, as in
-    :func:`generate_stream` (on a CPU the compiled step with the fastest settings, the batch
-    padded to its bucket; on CUDA the graph). One read per step: the rows' sampled tokens.
+    ``path`` as in :func:`generate_stream` but ``"compiled"`` (that is
+    :func:`generate_compiled`): by default a CUDA graph on a GPU (the batch padded up to the
+    graph's bucket), the eager step on the plain cache elsewhere; ``"fast"`` on a CPU pads the
+    batch to its bucket's step. One read per step: the rows' sampled tokens.
     """
     if not prompts:
         raise PromptError("no prompts given")
@@ -312,7 +278,9 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
     for p in prompts:
         check_prompt(p, max_tokens, window)
     device, B = model.device, len(prompts)
-    compiled, graph = _decode_path(device, fast, False, graph, use_cache)
+    how = resolve(path, device, use_cache=use_cache, where="generate_batch",
+                  allowed=BATCH_PATHS)
+    compiled, graph, fast = how.compiled, how.graph, how.fast
     lengths = [len(p) for p in prompts]
     steps = min(max_tokens, window - max(lengths))
     pad = model.config.pad_token_id
@@ -366,6 +334,10 @@ def generate_batch(model: TinyLlama, prompts: Sequence[list[int]], max_tokens: i
         if graphed is not None:
             graphed.release()
     return out
+
+
+#: The paths :func:`generate_batch` takes (``"compiled"`` is :func:`generate_compiled`).
+BATCH_PATHS = tuple(p for p in PATHS if p != "compiled")
 
 
 def _admit_batch(model: TinyLlama, B: int, tokens: int, use_cache: bool, graph: bool,

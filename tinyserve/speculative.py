@@ -36,6 +36,7 @@ from .kv_cache import KVCache
 from .model import TinyLlama
 from .paths import cache_dir
 from .sampling import SamplingParams, top_k_filter, top_p_filter
+from .step_path import PathName, resolve
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SpecStats", "SpeculativeDecoder",
            "accept_greedy", "accept_sampled", "probs_for", "speculative_generate",
@@ -145,16 +146,17 @@ def _passes(model: TinyLlama, tokens: int, widths, fast: bool) -> StaticPasses:
     return static_passes(model, tokens, widths)
 
 
-def _fast_graph(device: torch.device, fast: bool, graph: bool | None) -> bool | None:
-    """``graph`` once ``fast`` is resolved: fast passes are static (graph True); a ``graph``
-    that contradicts it is named."""
-    if not fast:
-        return graph
-    if graph is False or (graph and device.type != "cuda"):
-        raise ValueError(f"fast=True and graph={graph} contradict on {device.type}: the fast "
-                         f"path's passes are {'CUDA graphs' if device.type == 'cuda' else 'compiled'} "
-                         f"here (graph=True on a CPU runs them eagerly); pass one of them")
-    return True
+#: The paths speculation takes (:mod:`tinyserve.step_path`; its passes are never
+#: ``"compiled"`` on their own: ``"fast"`` compiles them where that is faster).
+SPEC_PATHS = ("auto", "eager", "graph", "fast")
+
+
+def _static(path: str, device: torch.device, where: str) -> tuple[bool, bool]:
+    """(static passes?, fast passes?) for ``path``: ``"auto"`` is static on CUDA (graphs),
+    ``"graph"`` on any device (on a CPU run eagerly), ``"fast"`` always (the graphs on CUDA,
+    on a CPU each width's fastest way)."""
+    how = resolve(path, device, allowed=SPEC_PATHS, where=where)
+    return how.graph or how.fast, how.fast
 
 
 # ------------------------------------------------------------------ drafters
@@ -180,27 +182,31 @@ class ModelDrafter:
 
     It runs on the plain decode path's step code (:func:`~tinyserve.generate.extend` and
     :func:`~tinyserve.generate.decode_step`, in inference mode), so a draft pass costs
-    what the cost model's measured draft pass costs. ``graph`` (default: on CUDA) runs the
-    same passes on static buffers (:mod:`tinyserve.backends.spec_graphs`), replayed as CUDA graphs
-    of widths 1 and 2 (the catch-up); on a CPU ``graph=True`` runs them eagerly. ``fast``:
-    the fastest path here (:mod:`tinyserve.backends.fast`): the graphs on CUDA, on a CPU
-    each width compiled with the fastest settings; the same tokens as eager."""
+    what the cost model's measured draft pass costs. ``path`` (:data:`SPEC_PATHS`):
+    ``"auto"`` (on CUDA) or ``"graph"`` runs the same passes on static buffers
+    (:mod:`tinyserve.backends.spec_graphs`), replayed as CUDA graphs of widths 1 and 2 (the
+    catch-up), eagerly on a CPU; ``"fast"``: the fastest path here
+    (:mod:`tinyserve.backends.fast`): the graphs on CUDA, on a CPU each width's fastest way;
+    the same tokens as eager."""
 
     #: Pass widths on static buffers: one-token draft steps and the catch-up of 1 or 2.
     WIDTHS = (1, 2)
 
-    def __init__(self, model: TinyLlama, *, graph: bool | None = None,
-                 fast: bool = False) -> None:
-        self.model, self.fast = model, fast
-        graph = _fast_graph(model.device, fast, graph)
-        self.graph = model.device.type == "cuda" if graph is None else graph
+    def __init__(self, model: TinyLlama, *, path: PathName = "auto") -> None:
+        self.model = model
+        self.graph, self.fast = _static(path, model.device, "ModelDrafter")
         self.cache: KVCache | None = None
         self.passes: StaticPasses | None = None
 
+    def release(self) -> None:
+        """Hand the draft's static buffers back (:meth:`SpeculativeDecoder.release` calls it)."""
+        if self.passes is not None:
+            self.passes.release()
+            self.passes = None
+
     def start(self, prompt_ids: list[int], max_total: int) -> None:
         if self.graph:
-            if self.passes is not None:
-                self.passes.release()
+            self.release()
             self.passes = _passes(self.model, max_total, self.WIDTHS, self.fast)
             self.passes.reset()
             if len(prompt_ids) > 1:
@@ -354,23 +360,21 @@ class SpecStats:
 class SpeculativeDecoder:
     """Batch-1 speculative decoding, step by step (``speculative_generate`` drives it).
 
-    ``graph`` (default: on CUDA) runs the target's passes on static buffers
-    (:mod:`tinyserve.backends.spec_graphs`), the verify pass replayed as one CUDA graph per width
-    (k + 1, or fewer when fewer drafts come); on a CPU ``graph=True`` runs the same passes
-    eagerly. ``fast``: the fastest path here for the verify passes (widths 1..k + 1;
-    :mod:`tinyserve.backends.fast`): the graphs on CUDA, on a CPU each width compiled with
-    the fastest settings; the drafter's own ``fast`` covers the draft steps. Call
-    :meth:`release` when done (``speculative_generate`` does)."""
+    ``path`` (:data:`SPEC_PATHS`): ``"auto"`` (on CUDA) or ``"graph"`` runs the target's
+    passes on static buffers (:mod:`tinyserve.backends.spec_graphs`), the verify pass replayed
+    as one CUDA graph per width (k + 1, or fewer when fewer drafts come), eagerly on a CPU;
+    ``"fast"``: the fastest path here for the verify passes (widths 1..k + 1;
+    :mod:`tinyserve.backends.fast`): the graphs on CUDA, on a CPU each width's fastest way;
+    the drafter's own ``path`` covers the draft steps. Call :meth:`release` when done
+    (``speculative_generate`` does)."""
 
     def __init__(self, target: TinyLlama, drafter: Drafter, k: int,
                  sampling: SamplingParams = SamplingParams(), *,
-                 graph: bool | None = None, fast: bool = False) -> None:
+                 path: PathName = "auto") -> None:
         if k < 1:
             raise ValueError(f"k (draft tokens per step) must be at least 1, got {k}")
         self.target, self.drafter, self.k, self.sampling = target, drafter, k, sampling
-        self.fast = fast
-        graph = _fast_graph(target.device, fast, graph)
-        self.graph = target.device.type == "cuda" if graph is None else graph
+        self.graph, self.fast = _static(path, target.device, "SpeculativeDecoder")
         self.generator = sampling.generator()
         self.stats = SpecStats()
         self.context: list[int] = []
@@ -384,7 +388,7 @@ class SpeculativeDecoder:
         self.drafter.start(prompt_ids, max_total)
         ids = upload(prompt_ids, device)[None]
         if self.graph:
-            self.release()
+            self._release_target()
             # Verify passes of 1 to k + 1 tokens: fewer drafts come at the budget's end
             # (and from an n-gram drafter), each width its own graph.
             self.passes = _passes(self.target, max_total, range(1, self.k + 2), self.fast)
@@ -406,7 +410,15 @@ class SpeculativeDecoder:
         return accept_sampled(draft, probs_for(logits, self.sampling), q, self.generator)
 
     def release(self) -> None:
-        """Hand the static buffers (graph path) back for another request."""
+        """Hand the static buffers (graph path) back for another request: the target's, and
+        the drafter's where it holds any (a drafter made per request would otherwise keep its
+        pass set marked in use, and the kept sets would crowd out the target's)."""
+        self._release_target()
+        let_go = getattr(self.drafter, "release", None)
+        if let_go is not None:
+            let_go()
+
+    def _release_target(self) -> None:
         if self.passes is not None:
             self.passes.release()
             self.passes = None
@@ -445,17 +457,16 @@ class SpeculativeDecoder:
 def speculative_generate(target: TinyLlama, drafter: Drafter, prompt_ids: list[int],
                          max_tokens: int, *, k: int = 4,
                          sampling: SamplingParams = SamplingParams(),
-                         stop_ids: tuple[int, ...] = (), graph: bool | None = None,
-                         fast: bool = False) -> tuple[list[int], SpecStats]:
+                         stop_ids: tuple[int, ...] = (),
+                         path: PathName = "auto") -> tuple[list[int], SpecStats]:
     """Up to ``max_tokens`` new tokens (stopping after a stop token, or at the context window,
-    like ``generate``) and the request's :class:`SpecStats`. ``graph``: the target's passes
-    on static buffers, CUDA graphs on a GPU (the default there; see
-    :class:`SpeculativeDecoder`); ``fast``: the verify passes on the fast path; the drafter
-    chooses its own (:class:`ModelDrafter`'s ``graph`` and ``fast``)."""
+    like ``generate``) and the request's :class:`SpecStats`. ``path``: how the target's
+    passes run (:class:`SpeculativeDecoder`); the drafter chooses its own
+    (:class:`ModelDrafter`'s ``path``)."""
     window = target.config.max_position_embeddings
     check_prompt(prompt_ids, max_tokens, window)
     steps = min(max_tokens, window - len(prompt_ids))
-    dec = SpeculativeDecoder(target, drafter, k, sampling, graph=graph, fast=fast)
+    dec = SpeculativeDecoder(target, drafter, k, sampling, path=path)
     try:
         out = [dec.prefill(prompt_ids, len(prompt_ids) + steps)]
         while out[-1] not in stop_ids and len(out) < steps:

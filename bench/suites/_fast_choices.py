@@ -51,7 +51,7 @@ def model_choices(model: Any, part: str, name: str) -> list[dict[str, Any]]:
 
 
 def engine_choices(engine: Any, part: str = "engine", name: str = "target") -> list[dict[str, Any]]:
-    """The choice of each decode shape of ``engine`` (``EngineConfig(fast=True)`` on a CPU:
+    """The choice of each decode shape of ``engine`` (``EngineConfig(path="fast")`` on a CPU:
     one :class:`~tinyserve.backends.fast.CompiledStep` per batch bucket x blocks) that has run."""
     graphs = getattr(getattr(engine, "executor", None), "graphs", None)
     steps = {} if graphs is None else graphs.graphs

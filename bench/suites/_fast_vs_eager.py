@@ -57,14 +57,14 @@ def in_turns_figures(fast_s: Sequence[float], eager_s: Sequence[float]) -> dict[
 @torch.no_grad()
 def loops_fast_vs_eager(model: TinyLlama, prompt: list[int], n: int,
                         rounds: int) -> dict[str, Any]:
-    """``generate(model, prompt, n, fast=True)`` against ``fast=False`` (greedy), one of each
+    """``generate(model, prompt, n, path="fast")`` against ``path="auto"`` (greedy), one of each
     a round for ``rounds`` rounds after one untimed round (the fast side's first request
     prepares its shape there, unless it is held already): each run's decode step
     (:func:`decode_step_seconds`), :func:`in_turns_figures` of them, and whether both sides
     emitted the same tokens (the fast path's promise; recorded, not asserted: the tests
     assert it)."""
     def run(fast: bool) -> tuple[float, list[int]]:
-        trace = generate(model, prompt, n, fast=fast)
+        trace = generate(model, prompt, n, path="fast" if fast else "auto")
         return decode_step_seconds(trace.token_times), list(trace.tokens)
     runs = in_turns({"fast": functools.partial(run, True),
                      "eager": functools.partial(run, False)}, rounds)
@@ -113,8 +113,8 @@ def notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
         out[name] = (
             f"the loops' batch-1 decode step (generate, {f['new_tokens']} tokens after a "
             f"{f['prompt_tokens']}-token prompt, the median gap between tokens) took "
-            f"{f['fast_median_ms']:.2f} ms with fast=True against {f['eager_median_ms']:.2f} "
-            f"with fast=False ({_rounds(f)})"
+            f"{f['fast_median_ms']:.2f} ms with path='fast' against {f['eager_median_ms']:.2f} "
+            f"with path='auto' ({_rounds(f)})"
             + ("" if f["tokens_equal"] else "; the two paths' tokens differed")
             + _choice_clause(batch1(choices, "loops", "decode"), f, name in missed))
     e = m.get("engine_fast", {}).get("fast_vs_eager_b1", {})
@@ -122,7 +122,7 @@ def notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
         name = "scale_engine_fast_vs_eager_b1"
         out[name] = (
             f"the engine's batch-1 decode step (each run's median pure-decode step) took "
-            f"{e['fast_median_ms']:.2f} ms with EngineConfig(fast=True) against "
-            f"{e['eager_median_ms']:.2f} with fast=False ({_rounds(e)})"
+            f"{e['fast_median_ms']:.2f} ms with EngineConfig(path='fast') against "
+            f"{e['eager_median_ms']:.2f} with path='auto' ({_rounds(e)})"
             + _choice_clause(batch1(choices, "engine", "engine decode"), e, name in missed))
     return out

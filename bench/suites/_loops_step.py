@@ -31,7 +31,7 @@ PROBE_BYTES = 512 * 2**20
 @torch.no_grad()
 def _fast_step(model: TinyLlama, prompts: torch.Tensor, n: int) -> Callable[[], float]:
     """The fast path's decode step for ``prompts`` (B, T), B a bucket (what
-    ``generate_batch(..., fast=True)`` runs), prepared now (its first step chooses what every
+    ``generate_batch(..., path="fast")`` runs), prepared now (its first step chooses what every
     step runs here: compiled, eager over packed weights or eager): a function timing ``n``
     steps (seconds per step, one untimed run first)."""
     from tinyserve.backends.fast import fast_decoder

@@ -82,7 +82,7 @@ def _roofline(model: TinyLlama, prompt: list[int], prompt_len: int, n_new: int, 
     mid_context = prompt_len + n_new // 2
     kv_bytes = kv_bytes_for_config(model.config, mid_context, model.dtype)
     floor = (weight_bytes + kv_bytes) / bandwidth
-    achieved = [x for x in (tpot(generate(model, prompt, n_new, compile=compile))
+    achieved = [x for x in (tpot(generate(model, prompt, n_new, path="compiled" if compile else "auto"))
                             for _ in range(repeats))
                 if x is not None]
     # The fastest run, as the bandwidth is the fastest read (tinyserve.roofline: other
@@ -122,7 +122,7 @@ def run(json_path: str | None = None, quick: bool = False, compile: bool = False
 
         def ours() -> None:
             if batch == 1:
-                ours_out["tokens"] = [generate(model, prompts[0], n_new, compile=compile).tokens]
+                ours_out["tokens"] = [generate(model, prompts[0], n_new, path="compiled" if compile else "auto").tokens]
             elif compile:
                 ours_out["tokens"] = generate_compiled(model, prompts[:batch], n_new)
             else:

@@ -470,7 +470,7 @@ def our_decoders(model: Any, int8: dict[str, Any], prompt: Any,
 
 def our_prefills(model: Any, int8: dict[str, Any], ids: Any) -> dict[str, Any]:
     """Callables that each prefill ``ids`` (1, T) into an empty cache, last logits only:
-    "fast" as the loops run it with ``fast=True`` (its linears on weights packed once where
+    "fast" as the loops run it with ``path="fast"`` (its linears on weights packed once where
     that measured faster here: ``tinyserve.backends.fast.eager_passes``, packed before the
     rounds), "fp32" plain eager, and each int8 model eager."""
     import contextlib

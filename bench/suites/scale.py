@@ -27,20 +27,20 @@ run, before its fast one):
   target's own greedy tokens at a set acceptance (:mod:`tinyserve.draft_replay`), against
   plain decoding of the same tokens, twice: eager (kept in the report as ``speculative``), and
   on the fast path both sides (:mod:`tinyserve.backends.fast`: the verify passes, the draft
-  steps and the plain decode, ``fast=True``; ``speculative_fast``), each against the speed-up
+  steps and the plain decode, ``path="fast"``; ``speculative_fast``), each against the speed-up
   :func:`~tinyserve.speculative.predicted_speedup` predicts from the acceptance and the pass
   costs measured on the same path in the same run;
-- the loops' decode step (the fast path, what ``generate_batch(..., fast=True)`` runs) at 1
+- the loops' decode step (the fast path, what ``generate_batch(..., path="fast")`` runs) at 1
   and 4 rows and the eager batch-1 step, each round in turns with the read probe
   (:mod:`._loops_step`): the step's MBU against the probe of its own round; then
-  ``generate(..., fast=True)`` against ``fast=False`` at batch 1, in turns
+  ``generate(..., path="fast")`` against ``path="auto"`` at batch 1, in turns
   (:mod:`._fast_vs_eager`): whether the fast path's step, whatever it chose, is faster than
   eager's as the loops run them;
 - one projection alone at 1 and 5 rows, eager and on the fast path's recipe, caches flushed
   (:mod:`._linear_rows`): the matmul kernel's share of a few-row step's extra cost;
-- the continuous-batching engine on the fast path (``EngineConfig(fast=True)``, its 1- and
+- the continuous-batching engine on the fast path (``EngineConfig(path="fast")``, its 1- and
   4-row decode shapes prepared first): its batch-1 decode step against the bytes it reads
-  and against the same engine's with ``fast=False`` (in turns), and 4 concurrent requests'
+  and against the same engine's with ``path="auto"`` (in turns), and 4 concurrent requests'
   output tokens/s against one's;
 - tensor parallelism over two processes against one, next to what two processes read
   together against one alone (:mod:`tinyserve.parallel.timing`);
@@ -58,14 +58,14 @@ Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issues 3
 ``scale_decode_mbu_b1`` (bytes of the loops' batch-1 fast step / the read probe's rate /
 the step's time, per round, the median of rounds), ``scale_step_rows4_vs_rows1`` (the loops'
 4-row fast step / its 1-row step, per round, the median), ``scale_fast_vs_eager_b1`` (the
-loops' batch-1 decode step with ``fast=True`` / with ``fast=False``, per round, the median;
+loops' batch-1 decode step with ``path="fast"`` / with ``path="auto"``, per round, the median;
 issue 50), ``scale_knee_measured_vs_predicted`` (rows where a step
 first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
 ``scale_verify_k4_vs_step``, ``scale_spec_speedup_fast`` (fast speculative over fast plain
 decoding), ``scale_spec_measured_vs_predicted`` (of that fast run), ``scale_engine_mbu_b1``
 (the engine's batch-1 decode step, each round's run against that round's probe, as
 ``scale_decode_mbu_b1``), ``scale_engine_fast_vs_eager_b1`` (the engine's batch-1 decode step
-with ``fast=True`` / ``fast=False``, per round, the median),
+with ``path="fast"`` / ``path="auto"``, per round, the median),
 ``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
 ``scale_tp2_vs_bandwidth_bound`` (TP speed-up / two-process read-bandwidth gain),
 ``scale_cache_speedup_512``, ``scale_prefill_tokens_per_step``, ``scale_prepare_repeat_s``
@@ -315,12 +315,13 @@ def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int,
     choices = [*model_choices(target, "speculative", "target"),
                *model_choices(draft, "speculative", "draft")] if fast else []
     # The script is what plain decoding on the same path emits: the tokens compared with.
-    scripts = [generate(target, p, max_tokens, fast=True).tokens if fast else
+    path = "fast" if fast else "auto"
+    scripts = [generate(target, p, max_tokens, path="fast").tokens if fast else
                greedy_script(target, p, max_tokens) for p in prompts]
 
     def spec_once(i: int) -> Any:
-        drafter = ReplayDrafter(draft, scripts[i], SPEC_ACCEPTANCE, seed=i, fast=fast)
-        return speculative_generate(target, drafter, prompts[i], max_tokens, k=K, fast=fast)
+        drafter = ReplayDrafter(draft, scripts[i], SPEC_ACCEPTANCE, seed=i, path=path)
+        return speculative_generate(target, drafter, prompts[i], max_tokens, k=K, path=path)
     stats_all, spec_s, plain_s = [], 0.0, 0.0
     for i, p in enumerate(prompts):
         got, stats = spec_once(i)
@@ -330,7 +331,7 @@ def speculative_at_scale(target: TinyLlama, quick: bool, rounds: int,
         stats_all.append(stats)
         runs = interleaved_seconds(
             {"spec": functools.partial(spec_once, i),
-             "plain": lambda p=p: generate(target, p, max_tokens, fast=fast)},
+             "plain": lambda p=p: generate(target, p, max_tokens, path=path)},
             target.device, rounds, warmup=0)
         spec_s, plain_s = spec_s + min(runs["spec"]), plain_s + min(runs["plain"])
     context = prompt_len + max_tokens // 2
@@ -443,7 +444,7 @@ def fast_pass_costs(target: TinyLlama, draft: TinyLlama, context: int, rounds: i
 
 
 def _fast_plain_step(model: TinyLlama, tokens: int, prompt: torch.Tensor) -> tuple[Any, Any]:
-    """The fast path's one-row decode step (what ``generate(..., fast=True)`` runs) after
+    """The fast path's one-row decode step (what ``generate(..., path="fast")`` runs) after
     ``prompt`` (1, T), as ``step(token)`` at position T each call, and its release."""
     T, device = prompt.shape[1], model.device
     if device.type == "cuda":
@@ -490,12 +491,12 @@ ENGINE_ROUNDS = 5
 
 @torch.no_grad()
 def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
-    """The continuous-batching engine on the fast path (``EngineConfig(fast=True)``: its
+    """The continuous-batching engine on the fast path (``EngineConfig(path="fast")``: its
     pure-decode steps on static buffers, each shape running the fast path's choice on a CPU
     (compiled, packed or eager, timed when prepared), CUDA graphs on CUDA), the shapes of 1
     and 4 rows prepared first (not timed) and one untimed round: the whole run of 1 request
     and of 4 at once (same prompt length and ``max_tokens``), the run of 1 request on the
-    same engine with ``fast=False``, and the read probe, taken in turns for ``rounds``
+    same engine with ``path="auto"``, and the read probe, taken in turns for ``rounds``
     rounds (the fastest run of each kept; each run's median pure-decode step and each
     round's probe rate, for the MBU per round: see :mod:`._loops_step`; the fast and eager
     batch-1 steps of the same round for ``scale_engine_fast_vs_eager_b1``); then one
@@ -504,7 +505,8 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
 
     def make(fast: bool) -> Engine:
         return Engine(model, EngineConfig(max_num_seqs=4, enable_prefix_caching=False,
-                                          fast=fast), record_steps=True)
+                                          path="fast" if fast else "auto"),
+                      record_steps=True)
     prompt_len, new = (8, 8) if quick else (ENGINE_PROMPT, ENGINE_NEW)
     engine, eager = make(True), make(False)
     prepared = engine.prepare(rows=(1, 4), tokens=prompt_len + new, progress=False)

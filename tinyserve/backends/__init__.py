@@ -21,7 +21,7 @@ backend.
                     default); the engine's pure-decode steps on paged buffers
     spec_graphs     speculation's draft and verify passes, one static buffer and graph per width
     decoder_cache   the bounded (least recently used first out) cache of built decoders
-    fast            what ``fast=True`` runs here, said once: the graphs on CUDA, on a CPU
+    fast            what ``path="fast"`` runs here, said once: the graphs on CUDA, on a CPU
                     the fastest of the step compiled in max-autotune with frozen weights, eager
                     over packed weights and plain eager; a persistent kernel cache and
                     ``prepare`` (the shapes a run needs, up front)

@@ -1,5 +1,5 @@
 """The fast path: the fastest way this machine has to run a decode step, a verify pass and a
-draft step, said once. The loops take one switch, ``fast=True``, and come here for it; the
+draft step, said once. The loops take one switch, ``path="fast"`` (:mod:`tinyserve.step_path`), and come here for it; the
 eager step is the reference every test compares it with, token for token, and the floor no
 fast step may fall below.
 
@@ -129,7 +129,7 @@ CPU_RECIPE: Recipe = FASTEST
 
 
 def kind(device: torch.device) -> str:
-    """What ``fast=True`` runs on ``device``: ``"graph"`` (CUDA) or ``"compile"``."""
+    """What ``path="fast"`` runs on ``device``: ``"graph"`` (CUDA) or ``"compile"``."""
     return "graph" if device.type == "cuda" else "compile"
 
 
@@ -540,7 +540,7 @@ _ENGINE_STEPS: DecoderCache[EngineGraphs] = DecoderCache(MAX_ENGINE_STEPS)
 
 def engine_steps(model: TinyLlama, num_blocks: int, block_size: int, max_rows: int, *,
                  cache: Path | None = None) -> EngineGraphs:
-    """The engine's pure-decode steps on a CPU for ``fast=True``: a paged pool of
+    """The engine's pure-decode steps on a CPU for ``path="fast"``: a paged pool of
     ``num_blocks`` blocks (plus the scratch block) and :class:`~tinyserve.backends.cuda_graph.
     EngineGraphs` whose every shape is compiled with :data:`CPU_RECIPE` (read now), its
     kernels kept in ``cache`` (:func:`inductor_cache`). Kept for the next engine of the same

@@ -24,7 +24,7 @@ The pass is the model's own forward pass, the one plain decoding runs
 (``model(tokens, None, cache)``: positions from the cache's ``step_positions``); only the
 buffers are static. :class:`~tinyserve.speculative.ModelDrafter` and
 :class:`~tinyserve.speculative.SpeculativeDecoder` use it by default on CUDA and with
-``graph=True`` elsewhere, and give the plain path's tokens.
+``path="graph"`` elsewhere, and give the plain path's tokens.
 """
 from __future__ import annotations
 

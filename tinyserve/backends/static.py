@@ -43,7 +43,7 @@ def bucket_for(batch: int, max_batch: int = MAX_BATCH) -> int:
             return b
     raise ValueError(f"a static decode step (CUDA graph or compiled) takes at most {max_batch} "
                      f"rows, got {batch}; split the batch, or decode it eagerly "
-                     f"(graph=False, or without --compile)")
+                     f"(path=\"eager\", or without --compile)")
 
 
 def window_for(tokens: int, context_window: int) -> int:

@@ -56,7 +56,7 @@ class ServeOptions:
                 "max_num_batched_tokens": self.max_num_batched_tokens,
                 "chunked_prefill": self.chunked_prefill,
                 "enable_prefix_caching": self.prefix_caching, "policy": self.policy,
-                "compile": self.compile, "fast": self.fast}
+                "path": "fast" if self.fast else "compiled" if self.compile else "auto"}
 
     def app_kwargs(self) -> dict[str, Any]:
         """What :func:`~tinyserve.serving.server.create_app` takes besides the engine config."""

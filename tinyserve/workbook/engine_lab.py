@@ -3,9 +3,9 @@ decode steps (chapters 5 and 9, and ``bench scale``).
 
 :func:`serve_at_once` sends ``concurrency`` requests to a fresh :class:`~tinyserve.engine.Engine`
 in the same instant and times the whole run: output tokens per second, and the median of its
-pure-decode steps (every row one token: the steps that batching makes cheap). With ``fast``
-the engine's decode steps run on its fast path (:mod:`tinyserve.backends.fast`: compiled on a
-CPU, CUDA graphs on a GPU), their shape made ready first (:meth:`Engine.prepare`, a progress
+pure-decode steps (every row one token: the steps that batching makes cheap). With
+``path="fast"`` the engine's decode steps run on its fast path (:mod:`tinyserve.backends.fast`:
+the fastest way timed here on a CPU, CUDA graphs on a GPU), their shape made ready first (:meth:`Engine.prepare`, a progress
 line), so no compile is timed; a short warm-up request runs before the clock starts either way.
 
 The ratio of two runs (4 requests against 1) is continuous batching's bargain at the memory
@@ -32,7 +32,7 @@ class EngineRun:
     """One run of :func:`serve_at_once`: ``concurrency`` requests of ``prompt`` tokens each
     making ``tokens`` tokens; ``seconds`` from the first step to the last token."""
     concurrency: int
-    fast: bool
+    path: str                     # the engine's path (tinyserve.step_path): "fast" or "eager"
     prompt: int
     tokens: int
     seconds: float
@@ -44,13 +44,12 @@ class EngineRun:
         return self.concurrency * self.tokens / self.seconds
 
     def describe(self) -> str:
-        path = "fast " if self.fast else "eager"
-        return (f"{path} {self.concurrency:2d} at once: {self.tokens_per_s:7.1f} output tok/s, "
+        return (f"{self.path:5s} {self.concurrency:2d} at once: {self.tokens_per_s:7.1f} output tok/s, "
                 f"decode step {self.decode_step_s * 1e3:6.1f} ms")
 
 
 def _engine(model: TinyLlama, concurrency: int, prompt: int, tokens: int,
-            fast: bool) -> Engine:
+            path: str) -> Engine:
     """The engine :func:`serve_at_once` runs: sized for ``concurrency`` requests of
     ``prompt + tokens`` positions (so a fast one finds the steps :func:`prepare_at_once`
     compiled for the same sizes), prefix caching off (every prompt is new anyway)."""
@@ -60,7 +59,7 @@ def _engine(model: TinyLlama, concurrency: int, prompt: int, tokens: int,
     block = 16
     config = EngineConfig(num_blocks=concurrency * -(-(prompt + tokens) // block) + 4,
                           block_size=block, max_num_seqs=concurrency,
-                          max_num_batched_tokens=max(256, concurrency * prompt), fast=fast,
+                          max_num_batched_tokens=max(256, concurrency * prompt), path=path,
                           enable_prefix_caching=False)
     return Engine(model, config, record_steps=True)
 
@@ -70,21 +69,22 @@ def prepare_at_once(model: TinyLlama, concurrency: int, *, prompt: int = 32, tok
     """Compile (on a GPU: capture) the fast decode step :func:`serve_at_once` will run for
     these sizes, with a progress line; the seconds it took (0 when already held). A chapter
     calls it in a cell of its own: a first compile takes tens of seconds."""
-    engine = _engine(model, concurrency, prompt, tokens, fast=True)
+    engine = _engine(model, concurrency, prompt, tokens, "fast")
     return sum(c.seconds for c in engine.prepare(rows=(concurrency,), tokens=prompt + tokens,
                                                  progress=progress))
 
 
 @torch.no_grad()
 def serve_at_once(model: TinyLlama, concurrency: int, *, prompt: int = 32, tokens: int = 32,
-                  fast: bool = False, seed: int = 0, progress: bool = True) -> EngineRun:
+                  path: str = "eager", seed: int = 0, progress: bool = True) -> EngineRun:
     """Serve ``concurrency`` random prompts of ``prompt`` tokens, ``tokens`` new tokens each
     (no stop token: every request runs to its cap), all queued before the first step; time
-    the run. ``fast``: the engine's fast path, its decode step for ``concurrency`` rows at
-    the window of ``prompt + tokens`` positions prepared first (:func:`prepare_at_once`)."""
-    engine = _engine(model, concurrency, prompt, tokens, fast)
+    the run. ``path``: the engine's (:mod:`tinyserve.step_path`); ``"fast"`` prepares its
+    decode step for ``concurrency`` rows at the window of ``prompt + tokens`` positions first
+    (:func:`prepare_at_once`)."""
+    engine = _engine(model, concurrency, prompt, tokens, path)
     costs = engine.prepare(rows=(concurrency,), tokens=prompt + tokens,
-                           progress=progress) if fast else []
+                           progress=progress) if engine.config.fast else []
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     engine.add_request(torch.randint(4, vocab, (8,), generator=g).tolist(), 2)   # warm-up
@@ -96,5 +96,5 @@ def serve_at_once(model: TinyLlama, concurrency: int, *, prompt: int = 32, token
     engine.run()
     seconds = engine.now() - start
     steps = [r.seconds for r in engine.step_log[first:] if r.num_tokens == r.num_rows]
-    return EngineRun(concurrency, fast, prompt, tokens, seconds, statistics.median(steps),
+    return EngineRun(concurrency, path, prompt, tokens, seconds, statistics.median(steps),
                      sum(c.seconds for c in costs))

@@ -74,7 +74,7 @@ def decode_shapes(batches: Iterable[int]) -> list[Shape]:
 
 def spec_shapes(k: int) -> tuple[Shape, Shape]:
     """(the target's verify passes of 1..k + 1 tokens, the draft's passes of 1 and 2) in the
-    shared window: what ``speculative_generate(..., fast=True)`` runs."""
+    shared window: what ``speculative_generate(..., path="fast")`` runs."""
     return verify_shape(k, TOKENS), draft_shape(TOKENS)
 
 
