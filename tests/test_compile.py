@@ -140,7 +140,7 @@ def test_windows_are_powers_of_two_up_to_the_context_window() -> None:
 
 def test_compile_flags_name_what_they_need(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--prompt", "hi", "--compile", "--no-cache"]) == 2
-    assert "compile needs the KV cache" in capsys.readouterr().err
+    assert "path='compiled' needs the KV cache" in capsys.readouterr().err
     assert main(["bench", "kv", "--quick", "--compile"]) == 2
     assert "bench kv has no --compile variant" in capsys.readouterr().err
 
@@ -202,16 +202,16 @@ def served(monkeypatch: pytest.MonkeyPatch):
 def test_serve_compile_flag_reaches_the_engine(served) -> None:
     seen, port = served
     assert main(["serve", "--port", port, "--compile"]) == 0
-    assert seen["engine_config"].compile is True
+    assert seen["engine_config"].path == "compiled"
     assert main(["serve", "--port", port]) == 0
-    assert seen["engine_config"].compile is False
+    assert seen["engine_config"].path == "auto"
 
 
 def test_serve_fast_flag_reaches_the_engine_and_excludes_compile(
         served, capsys: pytest.CaptureFixture) -> None:
     seen, port = served
     assert main(["serve", "--port", port, "--fast"]) == 0
-    assert seen["engine_config"].fast is True and seen["engine_config"].compile is False
+    assert seen["engine_config"].fast is True and seen["engine_config"].path == "fast"
     assert main(["serve", "--port", port, "--fast", "--compile"]) == 2
     assert "--fast and --compile both choose the decode path" in capsys.readouterr().err
 

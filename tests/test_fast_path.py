@@ -210,7 +210,7 @@ def test_one_switch_names_what_it_takes_in_every_loop(traced: Path) -> None:
     with pytest.raises(ValueError, match="generate: path='fastest' is not one of 'auto', "
                                          "'eager', 'graph', 'compiled', 'fast'"):
         generate(model, prompt, 4, path="fastest")
-    with pytest.raises(ValueError, match="without the cache .* pass path='eager'"):
+    with pytest.raises(ValueError, match="path='fast' needs the KV cache; without it .* pass path='eager'"):
         generate(model, prompt, 4, path="fast", use_cache=False)
     with pytest.raises(ValueError, match="generate_batch: path='compiled' is not one of 'auto', "
                                          "'eager', 'graph', 'fast'"):

@@ -66,7 +66,7 @@ def test_every_capture_comes_before_the_first_decode_step(model, monkeypatch) ->
     assert graphs.captures == len(SHAPES)
     graphs.warmup()                                             # again: nothing to capture
     assert graphs.captures == len(SHAPES)
-    plain = Engine(model, EngineConfig(**{**CONFIG.__dict__, "graph": False}))
+    plain = Engine(model, EngineConfig(**{**CONFIG.__dict__, "path": "eager"}))
     want = [plain.add_request(p, 50) for p in prompts]
     plain.run()
     assert [s.output_ids for s in seqs] == [s.output_ids for s in want]

@@ -452,7 +452,10 @@ def test_static_buffers_are_reused_and_a_rewind_is_the_hosts_count(target) -> No
     assert again is passes                                      # handed back, reused
     again.release()
     speculative_generate(target, drafter, prompt, 20, k=4, path="graph")
-    assert drafter.passes is draft_passes and not passes.in_use
+    assert drafter.passes is None and not passes.in_use and not draft_passes.in_use   # both
+    again = static_passes(drafter.model, 40, ModelDrafter.WIDTHS, capture=False)  # handed back
+    assert again is draft_passes
+    again.release()
     assert addresses == [t.data_ptr() for t in (*passes.cache.k, *passes.tokens.values(),
                                                 *passes.cache.positions.values())]
     with pytest.raises(ValueError, match="at most k=4"):

@@ -50,8 +50,8 @@ def resolve(path: str, device: torch.device | str, *, use_cache: bool = True,
         raise ValueError(f"{where}: path={path!r} is not one of {', '.join(map(repr, allowed))}")
     cuda = torch.device(device).type == "cuda"
     if not use_cache and path not in ("auto", "eager"):
-        raise ValueError(f"{where}: path={path!r} runs the step on a KV cache; without the "
-                         f"cache (use_cache=False, --no-cache) pass path='eager'")
+        raise ValueError(f"{where}: path={path!r} needs the KV cache; without it "
+                         f"(use_cache=False, --no-cache) pass path='eager'")
     if path == "auto":
         return StepPath(path, graph=cuda and use_cache)
     if path == "graph":

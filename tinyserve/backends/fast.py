@@ -734,7 +734,9 @@ def _prepare_one(model: TinyLlama, shape: Shape, cache: Path | None):
                 passes.reset()
                 passes.feed(torch.full((1, w), pad, device=device))
                 passes.rewind(0)
+            choice = getattr(passes, "choices", {}).get(w)
             yield (f"pass width {w} x window {window}",
-                   passes.compile_seconds[w] if fresh else 0.0, fresh, "")
+                   passes.compile_seconds[w] if fresh else 0.0, fresh,
+                   choice.sentence() if choice is not None else "")
     finally:
         passes.release()

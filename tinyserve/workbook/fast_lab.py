@@ -151,7 +151,9 @@ def _prepare_widths(model: TinyLlama, shape: Shape, widths: Sequence[int]) -> li
                 passes.rewind(0)
             seconds = passes.compile_seconds[w] if fresh else 0.0
             label = f"pass width {w} x window {passes.window}"
-            print(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)"), flush=True)
+            choice = getattr(passes, "choices", {}).get(w)      # what the width runs here
+            print(f"{label}: {seconds:.1f} s" + ("" if fresh else " (held)")
+                  + (f"; {choice.sentence()}" if choice is not None else ""), flush=True)
             costs.append(ShapeCost(label, seconds, fresh))
     finally:
         passes.release()
