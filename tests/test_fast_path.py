@@ -99,7 +99,7 @@ def test_each_compiled_function_is_told_the_rows_its_matmuls_serve(
     import contextlib
     rows: list[int] = []
 
-    def recorded(freezing: bool = False, n: int | None = None):
+    def recorded(freezing: bool = False, n: int | None = None, **_: object):
         rows.append(n)
         return contextlib.nullcontext()
     # every step compiled (a timed choice could keep one eager, which never compiles)

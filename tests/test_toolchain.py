@@ -97,12 +97,15 @@ def test_without_a_working_compiler_every_fast_loop_gives_eager_tokens_and_says_
     assert toolchain.fix_for(cause) in lines[0] and "same tokens" in lines[0]
 
 
-def test_with_onednn_reported_absent_the_fast_path_gives_eager_tokens(tmp_path: Path) -> None:
-    # A torch without oneDNN's packed linear (the course asks tinyserve.backends.packed): no
-    # packed way anywhere, the compiled step and eager left; this machine's real compiler.
-    # (Patching torch.backends' own answers in a process whose inductor still finds oneDNN
-    # and MKL in its C++ half is not a torch without them: it is not simulated that way.)
-    absent = ("from tinyserve.backends import packed\npacked.available = lambda: False\n")
+def test_with_onednn_and_mkl_reported_absent_the_fast_path_gives_eager_tokens(
+        tmp_path: Path) -> None:
+    # A torch without oneDNN's packed linear (the course asks tinyserve.backends.packed) and
+    # without MKL (inductor asks torch._C.has_mkl: its frozen linears then take no MKL
+    # kernel): no packed way anywhere, the compiled step and eager left; this machine's real
+    # compiler. (torch.backends.mkldnn's answer is not patched: inductor's C++ half would
+    # still find oneDNN, a torch that exists nowhere.)
+    absent = ("import torch\ntorch._C.has_mkl = False\n"
+              "from tinyserve.backends import packed\npacked.available = lambda: False\n")
     result, out = _child(tmp_path, os.environ.get("CXX", "g++"), absent)
     assert result["same"] == dict.fromkeys(result["same"], True)
     assert "fast path off" not in out and result["compiler_available"] is True
@@ -195,3 +198,21 @@ def test_the_probe_says_yes_on_a_machine_with_a_compiler(monkeypatch: pytest.Mon
     monkeypatch.setattr(toolchain, "_PROBED", None)     # asked afresh in this process
     found = toolchain.probe()
     assert found.ok and toolchain.ready("cpu") and found.line().startswith("fast path: ")
+
+
+def test_a_frozen_steps_cache_key_holds_its_weights() -> None:
+    # Inductor's FX graph cache keys a frozen graph by shapes and code and keeps the
+    # constants lowering adds by value: without the weights in the key, a model of the same
+    # shapes (speculation's draft beside its target; a checkpoint loaded in place) ran with
+    # another's weights on a torch without MKL (the test above, whose speculation failed).
+    import torch.compiler.config as compiler_config
+    a, b = sharp_model(SMALL, seed=1), sharp_model(SMALL, seed=2)
+    assert fast.weights_digest(a) == fast.weights_digest(sharp_model(SMALL, seed=1))
+    assert fast.weights_digest(a) != fast.weights_digest(b)
+    held = fast.weights_digest(a)
+    with torch.no_grad():
+        a.lm_head.weight[0, 0] += 1.0                          # in place: a new version
+    assert fast.weights_digest(a) != held
+    with fast.compile_settings(True, 1, weights="abc"):
+        assert compiler_config.cache_key_tag.endswith("tinyserve-weights-abc")
+    assert "tinyserve-weights" not in compiler_config.cache_key_tag

@@ -133,7 +133,8 @@ def kind(device: torch.device) -> str:
     return "graph" if device.type == "cuda" else "compile"
 
 
-def compile_settings(freezing: bool = False, rows: int | None = None):
+def compile_settings(freezing: bool = False, rows: int | None = None, *,
+                     weights: str | None = None):
     """Inductor's settings for a compiled step, as a context manager (for callers that pass a
     ``mode``, which excludes ``options``; the loops pass :data:`CPU_RECIPE` instead). With
     ``freezing`` the weights become constants, packed once at compile time, and
@@ -164,7 +165,47 @@ def compile_settings(freezing: bool = False, rows: int | None = None):
                                                "max_autotune_gemm_backends": "CPP,ATEN",
                                                **quiet}))
     stack.enter_context(cold_benchmarks())
+    if weights is not None:
+        stack.enter_context(_cache_key(weights))
     return stack
+
+
+def _cache_key(weights: str) -> contextlib.AbstractContextManager:
+    """Put ``weights`` (:func:`weights_digest`) into inductor's FX graph cache key while a
+    frozen step compiles. With freezing, the cache keys a graph by its shapes and code, and
+    stores by value the constants lowering adds (the C++ GEMM template's weights, laid out
+    for its kernel): another model of the same shapes, or this one after its weights
+    changed, would hit the entry and run with the first model's weights (a torch without
+    MKL, where no weight is an unpicklable ``mkldnn`` tensor that bypasses the cache;
+    pytorch/pytorch#143144 and #143808 are the same handling of frozen constants). A torch
+    without the key's tag has the cache turned off for the compile instead."""
+    import torch.compiler.config as compiler_config
+    if hasattr(compiler_config, "cache_key_tag"):
+        tag = f"{compiler_config.cache_key_tag}|tinyserve-weights-{weights}"
+        return compiler_config.patch(cache_key_tag=tag)
+    import torch._inductor.config as inductor_config
+    return inductor_config.patch(fx_graph_cache=False)
+
+
+#: Each model's weights digest, with the weight version it was taken at.
+_DIGESTS: "weakref.WeakKeyDictionary[TinyLlama, tuple[int, str]]" = weakref.WeakKeyDictionary()
+
+
+def weights_digest(model: TinyLlama) -> str:
+    """A digest of every parameter's and buffer's values (BLAKE2b over their bytes), kept per
+    model until a weight changes in place (:func:`_weights_version`)."""
+    import hashlib
+    version = _weights_version(model)
+    held = _DIGESTS.get(model)
+    if held is not None and held[0] == version:
+        return held[1]
+    digest = hashlib.blake2b(digest_size=16)
+    with torch.no_grad():
+        for t in (*model.parameters(), *model.buffers()):
+            digest.update(str((tuple(t.shape), t.dtype)).encode())
+            digest.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+    _DIGESTS[model] = (version, digest.hexdigest())
+    return _DIGESTS[model][1]
 
 
 #: The fewest rows a compiled step's matmuls serve for which freezing packs the weights for
@@ -277,7 +318,7 @@ def fast_decoder(model: TinyLlama, batch: int, tokens: int, *,
     recipe = CPU_RECIPE
     rows = bucket_for(batch, MAX_COMPILED_BATCH)
     decoder = compiled_decoder(model, batch, backend=recipe.backend, tokens=tokens,
-                               options=recipe.compile_options(), settings=_settings(recipe, rows),
+                               options=recipe.compile_options(), settings=_settings(recipe, rows, model),
                                tag=("fast", recipe, _weights_version(model)), kind=FastDecoder)
     if decoder.choice is None:            # what its first step reads to decide
         decoder.recipe, decoder.folder = recipe, folder
@@ -316,10 +357,15 @@ class FastDecoder(CompiledDecoder):
         return logits
 
 
-def _settings(recipe: Recipe, rows: int):
-    """What to hold around compiling a step whose matmuls serve ``rows`` rows:
-    :func:`compile_settings` (freezing) or None."""
-    return functools.partial(compile_settings, True, rows) if recipe.freezing else None
+def _settings(recipe: Recipe, rows: int, model: TinyLlama):
+    """What to hold around compiling a step of ``model`` whose matmuls serve ``rows`` rows:
+    :func:`compile_settings` (freezing, the weights' digest in the cache key) or None."""
+    if not recipe.freezing:
+        return None
+
+    def settings() -> contextlib.AbstractContextManager:
+        return compile_settings(True, rows, weights=weights_digest(model))
+    return settings
 
 
 # ------------------------------------------------------------------ the eager passes
@@ -498,7 +544,7 @@ class CompiledStep:
         self._step = torch.compile(step, backend=recipe.backend,
                                    options=recipe.compile_options(), fullgraph=True,
                                    dynamic=False)
-        self._settings = _settings(recipe, rows)
+        self._settings = _settings(recipe, rows, model)
         self._compiled = False
         self.compile_seconds: float | None = None
         self.choice: StepChoice | None = None
@@ -578,7 +624,7 @@ class CompiledPasses(StaticPasses):
                                            options=recipe.compile_options(), fullgraph=True,
                                            dynamic=False)
                           for w in self.widths}
-        self._settings = {w: _settings(recipe, w) for w in self.widths}
+        self._settings = {w: _settings(recipe, w, model) for w in self.widths}
         self._recipe, self._folder = recipe, folder
         self._built: set[int] = set()
         #: Seconds each width's first pass took (a compile, unless found on disk or not chosen).
