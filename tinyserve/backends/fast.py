@@ -511,7 +511,7 @@ def first_step(model: TinyLlama, what: str, rows: int, recipe: Recipe, folder: P
         why = "no compiler"
     book, key = ChoiceBook(folder), shape_key(model, what, recipe)
     kept = book.get(key) if recipe.decode_steps == "measured" else None
-    if kept is not None and kept.kernel in ways:
+    if kept is not None and kept.kernel in ways and not kept.compiles:
         return kept, kept.run(ways)
     out = None
     if "compiled" in ways:
@@ -521,6 +521,8 @@ def first_step(model: TinyLlama, what: str, rows: int, recipe: Recipe, folder: P
             toolchain.failed(error)
             ways.pop("compiled")
             why = "compile failed"
+    if kept is not None and kept.compiles and "compiled" in ways:
+        return kept, out                    # compiled (from the kernel cache), not timed again
     choice = choose_step(model, rows, ways, recipe.decode_steps)
     if why is not None:
         choice = StepChoice(choice.rows, choice.kernel, choice.seconds, why)
