@@ -191,7 +191,10 @@ def test_a_compile_that_fails_falls_back_to_eager_and_says_why_once(
     assert generate(model, prompts[0], 6, path="fast").tokens == generate(model, prompts[0], 6).tokens
     said = [line for line in capsys.readouterr().out.splitlines() if "fast path off" in line]
     assert len(said) == 1 and "torch.compile failed here (LoweringException" in said[0]
-    assert all(d.choice.why in ("compile failed", "no compiler") for d in _held(model))
+    held = _held(model)
+    # the first compile failed; the later decoders were told nothing compiles here
+    assert held and {d.choice.why for d in held} <= {"compile failed", "no compiler"}
+    assert any(d.choice.why == "compile failed" for d in held)
 
 
 def test_the_probe_says_yes_on_a_machine_with_a_compiler(monkeypatch: pytest.MonkeyPatch) -> None:

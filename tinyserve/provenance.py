@@ -257,7 +257,7 @@ def same_isa_class(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool |
 
 def host_key(info: dict[str, Any] | None) -> str | None:
     """What two runs must share to be compared as one host's: CPU model and ISA class
-    (``"AMD EPYC 9B45, AVX-512"``); None when not recorded."""
+    (``"<CPU model>, <ISA class>"``); None when not recorded."""
     if not host_recorded(info):
         return None
     assert info is not None
@@ -287,9 +287,9 @@ def isa_text(features: Iterable[str]) -> str:
 
 
 def machine_summary(info: dict[str, Any] | None = None) -> str:
-    """One line naming the machine a block describes (default: this one, now), e.g.
-    ``"AMD EPYC 9B45 (AuthenticAMD), AVX-512 (VNNI, BF16), L2 1 MiB, L3 32 MiB, torch CPU
-    capability AVX512, BLAS MKL, oneDNN on, 2 cores, 1 thread, torch 2.13.0"``."""
+    """One line naming the machine a block describes (default: this one, now): CPU model and
+    vendor, ISA features (:func:`isa_text`), L2 and L3, torch's CPU capability, BLAS, oneDNN,
+    cores, threads, torch (and a GPU where there is one)."""
     info = machine_info() if info is None else info
     threads = info.get("torch_threads")
     tail = [f"{info['cpu_count']} cores" if info.get("cpu_count") else "",

@@ -172,13 +172,13 @@ def compile_settings(freezing: bool = False, rows: int | None = None, *,
 
 def _cache_key(weights: str) -> contextlib.AbstractContextManager:
     """Put ``weights`` (:func:`weights_digest`) into inductor's FX graph cache key while a
-    frozen step compiles. With freezing, the cache keys a graph by its shapes and code, and
-    stores by value the constants lowering adds (the C++ GEMM template's weights, laid out
-    for its kernel): another model of the same shapes, or this one after its weights
-    changed, would hit the entry and run with the first model's weights (a torch without
-    MKL, where no weight is an unpicklable ``mkldnn`` tensor that bypasses the cache;
-    pytorch/pytorch#143144 and #143808 are the same handling of frozen constants). A torch
-    without the key's tag has the cache turned off for the compile instead."""
+    frozen step compiles. With freezing, the cache keeps frozen parameters by name but every
+    other constant by value (pytorch/pytorch#143808), and lowering adds constants made from
+    the weights (pytorch/pytorch#143144: the C++ GEMM template's): seen here on a torch
+    without MKL (``tests/test_toolchain.py``), a second model of the same shapes hit the
+    first one's entry and ran with its weights, as would a model whose weights changed. With
+    MKL the frozen weights are ``mkldnn`` tensors, which the cache cannot pickle, so it is
+    bypassed. A torch without the key's tag has the cache turned off for the compile."""
     import torch.compiler.config as compiler_config
     if hasattr(compiler_config, "cache_key_tag"):
         tag = f"{compiler_config.cache_key_tag}|tinyserve-weights-{weights}"
