@@ -144,3 +144,62 @@ def test_measured_knee_interpolates_between_measured_rows() -> None:
     assert measured_knee({1: 1.0, 8: 1.1}) == math.inf
     with pytest.raises(ValueError, match="one-row step"):
         measured_knee({2: 1.0, 4: 2.0})
+
+
+# --- issue 52: the two bounds (M4) and one name per cause (M1) ------------------------------
+
+def test_bounds_hold_the_perfect_overlap_max_and_the_no_overlap_sum() -> None:
+    cost = decode_cost_for(SMALL, 4 * parameter_count(SMALL), 4, 4, 16)
+    b = bounds_seconds(cost, 1e10, 1e11)
+    assert b["roofline_s"] == max(b["memory_s"], b["compute_s"])
+    assert b["no_overlap_s"] == pytest.approx(b["memory_s"] + b["compute_s"])
+    assert set(roofline.OVERLAP_KEYS.values()) == {"roofline_s", "no_overlap_s"}
+
+
+def test_the_two_bounds_are_printed_together_with_the_one_followed() -> None:
+    # the course's own runs: 4 rows / 1 measured 1.25, 1.21 by the sum, 1.00 by the max
+    line = roofline.two_bounds("4 rows / 1", 1.25, 1.00, 1.21)
+    assert "measured 1.25" in line and "perfect overlap (max) 1.00" in line
+    assert "no overlap (sum) 1.21" in line and line.endswith("followed the no-overlap sum")
+    assert roofline.nearer_bound(1.02, 1.00, 1.28) == "perfect overlap (max)"
+    assert roofline.nearer_bound(8.0, 20.3, 8.3) == "no overlap (sum)"      # the knee, in rows
+    with pytest.raises(ValueError, match="positive"):
+        roofline.nearer_bound(0.0, 1.0, 1.2)
+
+
+def test_the_no_overlap_knee_is_where_the_sum_reaches_one_and_a_half_rows() -> None:
+    weights, rate, bandwidth = 4 * parameter_count(SMALL), 1e11, 1e10
+    knee = roofline_knee(SMALL, weights, 4, 16, bandwidth, rate, overlap=False)
+    one = bounds_seconds(decode_cost_for(SMALL, weights, 4, 1, 16), bandwidth, rate)
+    at = bounds_seconds(decode_cost_for(SMALL, weights, 4, knee, 16), bandwidth, rate)
+    assert at["no_overlap_s"] == pytest.approx(1.5 * one["no_overlap_s"], rel=1e-4)
+    # the sum grows from a higher start at every row: its knee comes sooner than the max's
+    assert 1 < knee < roofline_knee(SMALL, weights, 4, 16, bandwidth, rate)
+
+
+def test_the_rule_names_a_kernel_below_the_roof_apart_from_dispatch() -> None:
+    from tinyserve.workbook.roofline_lab import KERNEL_SHARE, REGIMES, regime
+    # 4.2x the roofline; the kernels alone explain most of the gap: below the roof
+    below = regime(4.2, 1.0, 0.1, kernel_s=3.9)
+    assert below.name == "kernel-bound" and "below the roof" in below.reason
+    # the kernels alone run near the roofline: the gap is outside them
+    over = regime(4.2, 1.0, 0.1, kernel_s=1.1)
+    assert over.name == "overhead-bound" and "outside the kernels" in over.reason
+    edge = 1.0 + KERNEL_SHARE * (4.2 - 1.0)
+    assert regime(4.2, 1.0, 0.1, kernel_s=edge).name == "kernel-bound"
+    assert regime(4.2, 1.0, 0.1, kernel_s=edge * 0.99).name == "overhead-bound"
+    # near the roofline the probe changes nothing; without one, the reason says it is unknown
+    assert regime(1.5, 1.0, 0.1, kernel_s=1.4).name == "memory-bound"
+    assert "no probe" in regime(4.2, 1.0, 0.1).reason
+    assert set(REGIMES) == {"memory-bound", "compute-bound", "kernel-bound", "overhead-bound"}
+    with pytest.raises(ValueError, match="kernels timed alone"):
+        regime(4.2, 1.0, 0.1, kernel_s=0.0)
+
+
+def test_the_kernel_probe_times_every_linear_once() -> None:
+    from tinyserve.workbook.roofline_lab import kernel_probe_seconds
+    torch.manual_seed(0)
+    model = TinyLlama(SMALL).eval()
+    assert kernel_probe_seconds(model, 2, repeats=1) > 0
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        kernel_probe_seconds(torch.nn.Sequential(torch.nn.ReLU()), 1)

@@ -4,12 +4,21 @@ move and multiply. One measurement module, shared by the bench suites and the ch
 A decode step reads every weight once, whatever the batch, plus each row's cached keys and
 values; it does about 2 FLOPs per weight per row. So at batch ``B`` and context ``n``:
 
-    time >= max(bytes(B, n) / bandwidth, flops(B, n) / flop_rate)
+    max(bytes / bandwidth, flops / flop_rate) <= time ~ bytes / bandwidth + flops / flop_rate
 
-The first bound (memory) is flat in ``B`` until the KV reads grow; the second (compute)
-grows linearly with ``B``. Where they cross is the batch at which decode stops being
-memory-bound. A measured step far above both bounds is overhead-bound: Python, kernel
-launches and small-tensor bookkeeping, which the bounds do not count.
+The max is the roofline of Williams et al. (CACM 2009): the bound of a step whose reads and
+arithmetic overlap perfectly. The sum is the bound with no overlap at all, each waiting for the
+other. A GPU with many warps in flight hides one behind the other and comes close to the max
+(Pope et al., arXiv:2211.05102); a CPU core running one GEMM after another follows the sum
+more closely. :func:`bounds_seconds` returns both, and every chapter prints both beside a
+measurement and says which the machine followed (:func:`nearer_bound`).
+
+The memory bound is flat in ``B`` until the KV reads grow; the compute bound grows linearly
+with ``B``. Where they cross is the batch at which decode stops being memory-bound. A step
+far above both is either *kernel-bound* (its GEMMs alone run below the roof: a ceiling
+problem) or *overhead-bound* (Python, dispatch, kernel launches outside the kernels' useful
+work); :func:`tinyserve.workbook.roofline_lab.regime` tells them apart with a probe of the
+step's kernels.
 
 Both machine figures are *measured* here, not taken from a datasheet: the bandwidth as the
 fastest of several ways to read a buffer far larger than the cache (:func:`read_bandwidth`: a
@@ -172,9 +181,37 @@ def decode_cost(model: torch.nn.Module, batch: int, context: int) -> DecodeCost:
 
 
 def bounds_seconds(cost: DecodeCost, bandwidth: float, flop_rate: float) -> dict[str, float]:
-    """The memory bound, the compute bound and the roofline (the larger), in seconds."""
+    """The memory bound, the compute bound, the roofline (the larger: the bound with perfect
+    overlap of reads and arithmetic) and the no-overlap bound (their sum), in seconds."""
     memory, compute = cost.bytes / bandwidth, cost.flops / flop_rate
-    return {"memory_s": memory, "compute_s": compute, "roofline_s": max(memory, compute)}
+    return {"memory_s": memory, "compute_s": compute, "roofline_s": max(memory, compute),
+            "no_overlap_s": memory + compute}
+
+
+#: The two bounds' keys in :func:`bounds_seconds`, by what they assume.
+OVERLAP_KEYS = {"perfect overlap (max)": "roofline_s", "no overlap (sum)": "no_overlap_s"}
+
+
+def nearer_bound(measured: float, perfect: float, none: float) -> str:
+    """Which bound a measured figure follows: "perfect overlap (max)" or "no overlap (sum)",
+    the nearer of ``perfect`` and ``none`` as a ratio (a time, or a ratio of two times)."""
+    if min(measured, perfect, none) <= 0:
+        raise ValueError(f"figures must be positive; got {measured!r}, {perfect!r}, {none!r}")
+    off = {name: abs(math.log(measured / value))
+           for name, value in (("perfect overlap (max)", perfect), ("no overlap (sum)", none))}
+    return min(off, key=off.__getitem__)
+
+
+def two_bounds(what: str, measured: float, perfect: float, none: float,
+               fmt: str = "{:.2f}") -> str:
+    """One line with a measured figure and both bounds' predictions of it, and the one this
+    machine followed, e.g. "4 rows / 1: measured 1.25; perfect overlap (max) 1.00, no overlap
+    (sum) 1.21: this machine followed the no-overlap sum"."""
+    follows = nearer_bound(measured, perfect, none)
+    word = "the no-overlap sum" if follows.startswith("no") else "the perfect-overlap max"
+    return (f"{what}: measured {fmt.format(measured)}; perfect overlap (max) "
+            f"{fmt.format(perfect)}, no overlap (sum) {fmt.format(none)}: this machine "
+            f"followed {word}")
 
 
 def crossover_batch(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: float,
@@ -191,13 +228,18 @@ def crossover_batch(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: flo
 
 def roofline_knee(cfg: ModelConfig, weight_bytes: float, kv_element_bytes: float,
                   context: int, bandwidth: float, flop_rate: float,
-                  factor: float = 1.5) -> float:
-    """The rows at which the roofline's step time first reaches ``factor`` times one row's:
+                  factor: float = 1.5, overlap: bool = True) -> float:
+    """The rows at which the bound's step time first reaches ``factor`` times one row's:
     the knee a learner predicts before sweeping the batch (``inf`` if never).
 
-    The roofline is max(memory(B), compute(B)), both straight lines in B; it reaches the
-    target where the first of them does."""
+    With ``overlap`` the bound is the roofline, max(memory(B), compute(B)), both straight
+    lines in B; it reaches the target where the first of them does. Without, it is the
+    no-overlap sum, W / bandwidth + B (kv / bandwidth + F / rate): one straight line."""
     one = decode_cost_for(cfg, weight_bytes, kv_element_bytes, 1, context)
+    if not overlap:
+        per_row = one.kv_bytes / bandwidth + one.flops / flop_rate
+        target = factor * bounds_seconds(one, bandwidth, flop_rate)["no_overlap_s"]
+        return max(1.0, (target - weight_bytes / bandwidth) / per_row)
     target = factor * max(bounds_seconds(one, bandwidth, flop_rate)["roofline_s"], 0.0)
     crossings = [target * flop_rate / one.flops]                       # compute(B) = target
     if one.kv_bytes:

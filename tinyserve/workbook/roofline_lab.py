@@ -11,7 +11,9 @@ Below the lab, the helpers the chapters use to hold a *measured* step against th
 roofline (chapters 1 and 6b put the shipped model, which fits in a cache, and the
 bandwidth-scale model of :mod:`tinyserve.scale`, which does not, side by side):
 :func:`regime` names what bounds a step from its measured time and its two floors, the one
-rule every chapter's computed sentence follows (:func:`describe_regime` puts it in a sentence);
+rule every chapter's computed sentence follows (:func:`describe_regime` puts it in a sentence;
+:func:`kernel_probe_seconds` times a step's kernels alone, which tells a kernel below the roof
+from dispatch);
 :func:`cache_bytes` is the cache a model must outgrow; :func:`prefill_cost` and
 :func:`prefill_seconds` put prefill on the roofline next to a decode step;
 :func:`plot_roofline` draws the roof with measured points on it.
@@ -134,15 +136,22 @@ class RooflineLab:
 
 #: A step within this factor of its roofline (the larger floor) is *at* that floor; a slower
 #: one is bound by neither bytes nor FLOPs at the machine's measured rates (an MBU of 0.5 or
-#: more counts as memory-bound). The one threshold of every chapter's regime sentence.
+#: more counts as memory-bound). The one threshold of every chapter's regime sentence. It
+#: holds the no-overlap sum as well: the sum is at most twice the max.
 NEAR = 2.0
+#: A step far off its roofline is *kernel-bound* when the probe of its kernels alone
+#: (:func:`kernel_probe_seconds`) accounts for at least this share of the gap; otherwise the
+#: gap is outside the kernels (Python, dispatch, launches): *overhead-bound*.
+KERNEL_SHARE = 0.5
+#: The regime names, in the rule's order.
+REGIMES = ("memory-bound", "compute-bound", "kernel-bound", "overhead-bound")
 
 
 @dataclass(frozen=True)
 class Regime:
-    """What limits a measured step: ``name`` is "memory-bound", "compute-bound" or
-    "overhead-bound"; ``reason`` says why, from the numbers. It prints as its name, so a
-    table cell can format it directly (``f"{regime(...):15s}"``)."""
+    """What limits a measured step: ``name`` is one of :data:`REGIMES`; ``reason`` says why,
+    from the numbers. It prints as its name, so a table cell can format it directly
+    (``f"{regime(...):15s}"``)."""
     name: str
     reason: str
     of_roofline: float        # measured time / roofline (1.0 = at the bound)
@@ -154,29 +163,35 @@ class Regime:
         return format(self.name, spec)
 
 
-def regime(measured_s: float, memory_s: float, compute_s: float, near: float = NEAR) -> Regime:
+def regime(measured_s: float, memory_s: float, compute_s: float, near: float = NEAR,
+           kernel_s: float | None = None) -> Regime:
     """Name the regime of a step measured in ``measured_s`` whose memory floor (bytes /
     bandwidth) is ``memory_s`` and compute floor (FLOPs / FLOP rate) is ``compute_s``: the
     one rule for the whole course.
 
-    Within ``near`` x of the larger floor (the roofline), the step is bound by that resource;
-    further off, neither its bytes nor its FLOPs at the machine's best rates set the time but
-    per-operation costs (Python, dispatch, kernel launches) or a kernel slower than the
-    machine's best: overhead-bound. The floor convention: a floor is never negative, and the
+    Within ``near`` x of the larger floor (the roofline), the step is bound by that resource.
+    Further off, neither its bytes nor its FLOPs at the machine's best rates set the time,
+    and the roofline's two causes are told apart (Williams et al., CACM 2009: a kernel below
+    the roof is a ceiling problem; overhead is time outside the kernels' useful work):
+    ``kernel_s``, the step's kernels timed alone (:func:`kernel_probe_seconds`), explains at
+    least :data:`KERNEL_SHARE` of the gap: **kernel-bound** (below the roof); it explains
+    less: **overhead-bound** (Python, dispatch, kernel launches). With no probe the rule
+    cannot tell the two apart and says so; it names the step overhead-bound only when the
+    probe shows the kernels fast. The floor convention: a floor is never negative, and the
     memory floor is 0 when the bytes fit in the last-level cache (reads that need not reach
     memory, :func:`tinyserve.workbook.scale_sweeps.step_floors`); not both floors are 0."""
     if not (measured_s > 0 and memory_s >= 0 and compute_s >= 0 and max(memory_s, compute_s) > 0):
         raise ValueError("the time must be positive seconds and the floors non-negative, one "
                          f"of them positive; got {measured_s!r}, {memory_s!r}, {compute_s!r}")
+    if kernel_s is not None and not kernel_s > 0:
+        raise ValueError(f"kernel_s is the step's kernels timed alone, positive seconds; got "
+                         f"{kernel_s!r}")
     memory = memory_s >= compute_s
-    ratio = measured_s / max(memory_s, compute_s)
+    roof = max(memory_s, compute_s)
+    ratio = measured_s / roof
     floor = "the time to read its bytes" if memory else "the time of its FLOPs"
     if ratio > near:
-        return Regime("overhead-bound",
-                      f"{ratio:.1f}x {floor}, more than {near:g}x: not its bytes or FLOPs at "
-                      "this machine's best rates but per-operation costs (Python, dispatch, "
-                      "kernel launches) or a kernel slower than the machine's best set the time",
-                      ratio)
+        return _off_the_roof(measured_s, roof, ratio, floor, near, kernel_s)
     if memory:
         return Regime("memory-bound",
                       f"{ratio:.1f}x {floor}, which take {memory_s / compute_s:.1f}x as long as "
@@ -187,22 +202,65 @@ def regime(measured_s: float, memory_s: float, compute_s: float, near: float = N
                   ratio)
 
 
+def _off_the_roof(measured_s: float, roof: float, ratio: float, floor: str, near: float,
+                  kernel_s: float | None) -> Regime:
+    """The rule past ``near`` x the roofline: kernel-bound or overhead-bound, by the probe."""
+    head = f"{ratio:.1f}x {floor}, more than {near:g}x"
+    if kernel_s is None:
+        return Regime("overhead-bound",
+                      f"{head}: not its bytes or FLOPs at this machine's best rates; no probe of "
+                      "its kernels ran, so a kernel below the roof is not told apart from "
+                      "per-operation costs (Python, dispatch, kernel launches)", ratio)
+    share = (kernel_s - roof) / (measured_s - roof)
+    alone = f"its kernels alone take {kernel_s / roof:.1f}x it"
+    if share >= KERNEL_SHARE:
+        return Regime("kernel-bound",
+                      f"{head}; {alone}, {min(share, 1.0):.0%} of the gap: below the roof, "
+                      "the kernel itself runs slower than the machine's best rates", ratio)
+    return Regime("overhead-bound",
+                  f"{head}; {alone}, {max(share, 0.0):.0%} of the gap: the rest is outside the "
+                  "kernels (Python, dispatch, kernel launches)", ratio)
+
+
+@torch.no_grad()
+def kernel_probe_seconds(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
+    """The step's matrix products alone: every ``nn.Linear`` weight of ``model`` multiplied
+    by ``rows`` rows, one ``F.linear`` call each, back to back (each weight read once, as a
+    step reads it), the fastest of ``repeats`` after a warm-up. No attention, norms or Python
+    between layers: what :func:`regime` holds against the gap above the roofline, to tell a
+    kernel below the roof (kernel-bound) from dispatch (overhead-bound)."""
+    import torch.nn.functional as F
+    weights = [m.weight for m in model.modules() if type(m) is torch.nn.Linear]
+    if not weights:
+        raise ValueError("the model has no nn.Linear weights to probe (int8 layers are "
+                         "probed through their own kernel, not here)")
+    g = torch.Generator().manual_seed(0)
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], generator=g).to(w.device, w.dtype)
+              for w in weights}
+
+    def run() -> None:
+        for w in weights:
+            F.linear(inputs[w.shape[1]], w)
+    return min(timings(run, weights[0].device, repeats))
+
+
 def describe_regime(measured_s: float, memory_s: float, compute_s: float,
-                    near: float = NEAR) -> str:
+                    near: float = NEAR, kernel_s: float | None = None) -> str:
     """:func:`regime` in a sentence: its name, then its reason in parentheses, e.g.
     "memory-bound (1.4x the time to read its bytes, which take 9.0x as long as its FLOPs: it
     waits for bytes)"."""
-    r = regime(measured_s, memory_s, compute_s, near)
+    r = regime(measured_s, memory_s, compute_s, near, kernel_s)
     return f"{r.name} ({r.reason})"
 
 
 def regime_of(cost: DecodeCost, measured_s: float, bandwidth: float, flop_rate: float,
-              near: float = NEAR) -> Regime:
+              near: float = NEAR, kernel_s: float | None = None) -> Regime:
     """:func:`regime` of a step that moves ``cost.bytes`` and does ``cost.flops`` (a decode
     step from :func:`~tinyserve.roofline.decode_cost`, or a prefill from :func:`prefill_cost`)
-    in ``measured_s``, on a machine that reads ``bandwidth`` bytes/s and does ``flop_rate``."""
+    in ``measured_s``, on a machine that reads ``bandwidth`` bytes/s and does ``flop_rate``;
+    ``kernel_s`` its kernels' probe (:func:`kernel_probe_seconds`), if one ran."""
     bounds = bounds_seconds(cost, bandwidth, flop_rate)
-    return regime(measured_s, bounds["memory_s"], bounds["compute_s"], near)
+    return regime(measured_s, bounds["memory_s"], bounds["compute_s"], near, kernel_s)
 
 
 def cache_bytes(device: torch.device | str) -> tuple[int, str]:
