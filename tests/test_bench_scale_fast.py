@@ -398,3 +398,33 @@ def test_the_suites_cache_folder_is_fresh_and_put_back(monkeypatch, tmp_path) ->
     assert not folder.exists()
     assert os.environ["TINYSERVE_CACHE_DIR"] == str(tmp_path)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+
+
+def test_the_replay_runs_at_the_trained_pairs_a_and_a_stated_lower_one() -> None:
+    # Issue 52, W1: the ratios are taken at the a the trained pair measures per draft at k = 4
+    # (bench spec's acceptance_prob, not its acceptance rate); a lower a and the break-even sit
+    # beside it in the report.
+    import json
+    from pathlib import Path
+    spec = json.loads((Path(__file__).resolve().parents[1] / "bench" / "results"
+                       / "spec.json").read_text())
+    trained = spec["measurements"]["runs"]["spec_k4"]["acceptance_prob"]
+    assert scale.SPEC_ACCEPTANCE == scale.TRAINED_A == pytest.approx(trained, abs=0.02)
+    assert scale.LOWER_A < scale.TRAINED_A - 0.1
+    fast = {**measurements()["speculative_fast"], "k": 4, "acceptance_set": scale.TRAINED_A,
+            "break_even_a": 0.31,
+            "at_lower_a": {"acceptance_set": scale.LOWER_A, "acceptance_prob": 0.68,
+                           "measured_speedup": 1.2, "predicted_speedup": 1.3}}
+    lines = scale.spec_acceptance_lines(measurements(speculative_fast=fast))
+    assert len(lines) == 1 and "fast path" in lines[0]
+    assert f"set {scale.TRAINED_A:.2f}, realised 0.80" in lines[0]
+    assert f"set {scale.LOWER_A:.2f}, realised 0.68" in lines[0]
+    assert "1.50x measured" in lines[0] and "break-even a 0.31" in lines[0]
+
+
+def test_break_even_acceptance_is_where_the_predicted_speedup_crosses_one() -> None:
+    from tinyserve.speculative import break_even_acceptance, predicted_speedup
+    a = break_even_acceptance(4, 0.1, 1.3)
+    assert 0 < a < 1 and predicted_speedup(a, 4, 0.1, 1.3) == pytest.approx(1.0, abs=1e-6)
+    assert break_even_acceptance(4, 0.0, 1.0) == pytest.approx(0.0, abs=1e-9)   # free: any a
+    assert break_even_acceptance(4, 1.0, 5.0) == 1.0                             # never pays

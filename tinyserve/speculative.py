@@ -40,7 +40,7 @@ from .step_path import PathName, resolve
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "SpecStats", "SpeculativeDecoder",
            "accept_greedy", "accept_sampled", "probs_for", "speculative_generate",
-           "expected_tokens_per_pass", "predicted_speedup"]
+           "break_even_acceptance", "expected_tokens_per_pass", "predicted_speedup"]
 
 
 # ------------------------------------------------------------------ the two formulas
@@ -57,6 +57,18 @@ def predicted_speedup(a: float, k: int, draft_cost: float, verify_cost: float = 
     """Wall-time speed-up over plain decode: tokens per pass divided by the time of one
     speculative step, in units of one plain decode pass (k draft passes + one verify pass)."""
     return expected_tokens_per_pass(a, k) / (k * draft_cost + verify_cost)
+
+
+def break_even_acceptance(k: int, draft_cost: float, verify_cost: float) -> float:
+    """The per-draft acceptance a below which :func:`predicted_speedup` falls under 1 (1.0:
+    it never pays at these costs). The speed-up rises with a, so a bisection finds it."""
+    lo, hi = 0.0, 1.0
+    if predicted_speedup(1.0, k, draft_cost, verify_cost) < 1:
+        return 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_speedup(mid, k, draft_cost, verify_cost) < 1 else (lo, mid)
+    return hi
 
 
 # ------------------------------------------------------------------ verification
