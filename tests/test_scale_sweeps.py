@@ -93,3 +93,15 @@ def test_a_gpu_ridge_is_hundreds_of_flops_per_byte_and_so_is_its_knee() -> None:
         assert 150 < sheet.ridge < 400
         knee = roofline_knee(gpu, weight_bytes_of(gpu, 2), 2, 16, sheet.bandwidth, sheet.bf16_flops)
         assert 150 < knee < 600 and math.isfinite(knee)
+
+
+def test_linear_rates_times_each_way_and_gives_the_per_row_slope() -> None:
+    # Issue 52, M2: the per-call cost and the per-row rate, each library's, from one table.
+    from tinyserve.backends import packed
+    from tinyserve.workbook.scale_sweeps import LinearRates, linear_rates
+    r = linear_rates([1, 2, 8], out_features=64, in_features=32, repeats=1)
+    assert set(r.seconds) == ({"eager", "onednn"} if packed.available() else {"eager"})
+    assert all(sorted(t) == [1, 2, 8] and min(t.values()) > 0 for t in r.seconds.values())
+    made = LinearRates(100, 10, {"eager": {2: 1.0, 32: 4.0}})
+    assert made.per_row_flops("eager", 2, 32) == pytest.approx(2 * 30 * 100 * 10 / 3.0)
+    assert made.per_row_flops("eager", 32, 2) == float("inf")      # no time added: no rate

@@ -278,3 +278,17 @@ def test_every_predict_first_box_parses_a_guess_with_one_parser() -> None:
     lab = KVCacheLab()
     lab.set_guess("abc")
     assert lab.message == parse_guess("abc", "GB", example="0.5 or 20")[1]
+
+
+def test_a_knee_past_the_rows_timed_grades_the_guess_against_a_lower_limit() -> None:
+    # Issue 52, I8: chapter 3's quick mode times 1 and 4 rows; a knee past them is not "4".
+    from tinyserve.workbook.predict import Prediction
+    high = Prediction("knee?", "rows")
+    high.commit(16)
+    text = high.record_past(4)
+    assert "past the 4 rows timed" in text and "consistent" in text and "too high" not in text
+    low = Prediction("knee?", "rows")
+    low.commit(2)
+    assert "too low: the answer lies past 4 rows" in low.record_past(4)
+    low.record(3)                                 # a later, in-range measurement clears it
+    assert "past" not in low.revealed_text()

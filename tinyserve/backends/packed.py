@@ -4,7 +4,14 @@ steps), where the matmuls have many rows and shapes that change with every promp
 A compiled step has static shapes, so inductor packs its frozen weights at compile time
 (:mod:`tinyserve.backends.fast`). A prefill's rows are the prompt's length, different each
 request, so it runs eagerly, and eager ``F.linear`` on a CPU is MKL's ``sgemm`` over the plain
-weight: it re-lays the weight out in every call. oneDNN offers the other way: the weight
+weight. A few-row product then pays two costs: one per call (MKL's GEMM copies its operands
+into an internal packed layout within each call, whatever the rows) and one per row (each
+row's multiply-adds at the rate the library's kernel reaches for that shape, which differs by
+library and by CPU: MKL takes slower code paths on AMD CPUs, pytorch/builder#1245 and #460).
+Chapter 3 prints both for one large weight (:func:`tinyserve.workbook.scale_sweeps.
+linear_rates`): the one-row time and each library's per-row slope in FLOP/s beside the
+ceiling. oneDNN offers the
+other way: the weight
 reordered once into the kernel's blocked layout (``torch.ops.mkldnn._reorder_linear_weight``)
 and every later call reads it as it is (``torch.ops.mkldnn._linear_pointwise``), whatever the
 rows. Inductor itself takes that pair for bf16 and fp16 weights, under ACL (Arm) or AOT

@@ -11,8 +11,9 @@ line), so no compile is timed; a short warm-up request runs before the clock sta
 The ratio of two runs (4 requests against 1) is continuous batching's bargain at the memory
 wall: a decode step reads the weights once for every row it carries, so where a step costs
 about the same with 4 rows as with 1, 4 requests get nearly 4x the tokens per second. On the
-eager path each few-row matrix product repacks its weights at every call (chapter 3), so a
-4-row step costs more and the gain is smaller: the kernel lesson beside the physics one.
+eager path each few-row matrix product pays a per-call copy of its operands and each row's
+arithmetic at the library's own rate, below the ceiling on some CPUs (chapter 3), so a 4-row
+step costs more and the gain is smaller: the kernel lesson beside the physics one.
 """
 from __future__ import annotations
 

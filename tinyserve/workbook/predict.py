@@ -77,6 +77,7 @@ class Prediction:
         self.committed = False
         self.skipped = False
         self.measured: float | None = None
+        self.past = False                      # the answer lies past ``measured``, not at it
         self._held: dict[str, str] = {}        # the measurement cells' printouts, by label
         self.message = ""
         self._ui: Any = None
@@ -119,9 +120,18 @@ class Prediction:
         value = float(measured)
         if not math.isfinite(value) or value <= 0:
             raise ValueError(f"a measurement must be a positive finite number, got {measured!r}")
-        self.measured = value
+        self.measured, self.past = value, False
         self._refresh()
         return self.revealed_text() if self.revealed else self.NO_GUESS
+
+    def record_past(self, last: float) -> str:
+        """For a measurement whose answer lies beyond the range it timed (a knee past the
+        largest batch timed): store ``last``, the edge, and grade a guess against it as a lower
+        limit, not as the answer (:meth:`revealed_text` says "past the ... timed")."""
+        text = self.record(last)
+        self.past = True
+        self._refresh()
+        return self.revealed_text() if self.revealed else text
 
     @property
     def held(self) -> str:
@@ -160,7 +170,9 @@ class Prediction:
 
     def revealed_text(self) -> str:
         """The guess and the measurement side by side; only a hint before a commit or skip."""
-        measured = None if self.measured is None else f"measured {self.measured:,.4g} {self.unit}"
+        measured = None if self.measured is None else (
+            f"measured: past the {self.measured:,.4g} {self.unit} timed" if self.past
+            else f"measured {self.measured:,.4g} {self.unit}")
         if self.skipped and not self.committed:
             return (f"No guess (skipped) | {measured}" if measured
                     else "Skipped: run the measurement below to see its result.")
@@ -169,6 +181,10 @@ class Prediction:
         mine = f"your guess {self.guess:,.4g} {self.unit}"
         if measured is None:
             return f"Committed: {mine}. Now run the measurement below."
+        if self.past:
+            verdict = ("consistent: above the range timed" if self.guess > self.measured else
+                       f"too low: the answer lies past {self.measured:,.4g} {self.unit}")
+            return f"{mine} | {measured} | {verdict}"
         return f"{mine} | {measured} | {how_far(self.guess, self.measured)}"
 
     # --- ipywidgets front end -------------------------------------------------------------

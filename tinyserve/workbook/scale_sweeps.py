@@ -12,6 +12,7 @@ Tests (``tests/test_scale_sweeps.py``) check shapes and invariants at a small si
 from __future__ import annotations
 
 from dataclasses import dataclass
+import math
 
 import torch
 import torch.nn.functional as F
@@ -169,6 +170,46 @@ def linear_seconds(rows: list[int], out_features: int = 16384, in_features: int 
         x = torch.randn(r, in_features, generator=g).to(device=device, dtype=dtype)
         out[r] = min(timings(lambda: F.linear(x, weight), device, repeats))   # after a warm-up
     return out
+
+
+@dataclass(frozen=True)
+class LinearRates:
+    """One ``(out, in)`` weight multiplied by a few rows, each way this torch offers (``eager``:
+    ``F.linear``, MKL's ``sgemm`` on x86 CPUs; ``onednn``: oneDNN's linear over the weight
+    packed once, where available), seconds by rows. Two costs in one table: the one-row time
+    (the weight's read, plus any per-call copy) and the slope past it, each added row's FLOPs
+    at the rate the library's kernel reaches for this shape (:meth:`per_row_flops`)."""
+    out_features: int
+    in_features: int
+    seconds: dict[str, dict[int, float]]
+
+    def per_row_flops(self, way: str, lo: int, hi: int) -> float:
+        """FLOP/s of the rows from ``lo`` to ``hi``: their extra FLOPs over their extra time
+        (``inf`` if the time did not grow)."""
+        t = self.seconds[way]
+        extra = t[hi] - t[lo]
+        return math.inf if extra <= 0 else 2 * (hi - lo) * self.out_features * self.in_features / extra
+
+
+@torch.inference_mode()
+def linear_rates(rows: list[int], out_features: int = 16384, in_features: int = 4096,
+                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 repeats: int = 5, seed: int = 0) -> LinearRates:
+    """:func:`linear_seconds` each way (eager ``F.linear``, and on a CPU whose torch has it
+    oneDNN's linear over the weight packed once, :mod:`tinyserve.backends.packed`), the same
+    weight and inputs, the fastest of ``repeats`` after a warm-up."""
+    from ..backends import packed
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_features, in_features, generator=g).to(device=device, dtype=dtype)
+    xs = {r: torch.randn(r, in_features, generator=g).to(device=device, dtype=dtype) for r in rows}
+    ways = {"eager": lambda x: F.linear(x, weight)}
+    if device.type == "cpu" and dtype == torch.float32 and packed.available():
+        laid_out = packed.pack(weight, max(rows))
+        ways["onednn"] = lambda x: packed.linear(x, laid_out)
+    seconds = {name: {r: min(timings(lambda: fn(xs[r]), device, repeats)) for r in rows}
+               for name, fn in ways.items()}
+    return LinearRates(out_features, in_features, seconds)
 
 
 @dataclass(frozen=True)
