@@ -8,7 +8,8 @@
     feedback ASSIGNMENT           grading/feedback/STUDENT/ASSIGNMENT/*.html
     feedback ASSIGNMENT --return  ... and hand it to the students through the exchange
     export [ASSIGNMENT ...]       grades CSV
-    check NOTEBOOK                learner self-check against the visible tests
+    check NOTEBOOK                learner self-check against the visible tests (a path, or
+                                  an exercise's name: check harbor_capacity; from any folder)
     bench --json PATH             parallel vs serial grading speed-up
     mutants ASSIGNMENT            mutation score: the share of solution mutants that lose marks
     mutants ASSIGNMENT --semantic the learner-mistake corpus: graded and Validate scores, pieces
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--out", type=Path, default=None, help="default: grading/grades.csv")
 
     k = sub.add_parser("check", help="self-check a notebook against its visible tests")
-    k.add_argument("notebook", type=Path)
+    k.add_argument("notebook", help="the notebook: a path, or an exercise's name "
+                   "(harbor_capacity), from any folder; its setup cells are not run")
     k.add_argument("--cell-timeout", type=float, default=120)
 
     b = sub.add_parser("bench", help="measure parallel grading speed-up")

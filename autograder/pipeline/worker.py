@@ -27,6 +27,7 @@ from autograder.runner.execute import Plan, RunReport, run_notebook
 from autograder.runner.publish import needs_no_reference
 from autograder.runner.sandbox import BASE_UID, KERNEL_NAME, Limits, SandboxSpec, lock_ipc, prepare_run_dir, \
     sandbox_processes, write_kernelspec
+from autograder.submitted.setup_cells import skip_setup_cells
 from autograder.submitted.scan import names_bound, scan_cell
 from autograder.submitted.submission import Unreadable, grade_id, is_test, load, merge, nbgrader_meta
 
@@ -150,6 +151,7 @@ def grade_notebook(course: Course, job: Job, name: str, path: Path | None,
             res["flags"].append(f"static scan: {finding}")
 
     nb = merged.nb
+    res["reasons"].extend(skip_setup_cells(nb))   # an install cell: never run (issue 51)
     report = execute_in_sandbox(course, job, name, nb, path.parent)
     res["reasons"].extend(report.events)
     apply_results(nb, report, tests)
