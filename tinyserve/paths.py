@@ -33,3 +33,45 @@ def cache_dir() -> Path:
         return CHECKOUT / ".cache"
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(xdg).expanduser() / "tinyserve"
+
+
+#: The variable that names a folder of the course's bench reports (``bench/results``), for a
+#: copy of the package that neither ships them nor was installed from a clone.
+RESULTS_ENV = "TINYSERVE_RESULTS_DIR"
+
+
+def installed_from() -> Path | None:
+    """The folder this package was installed from (``pip install ./tinyserve``: the clone),
+    read from pip's ``direct_url.json``, when it is a local folder still on disk; else None
+    (a checkout, an index install, an editable one without the record)."""
+    import importlib.metadata
+    import json
+    from urllib.parse import unquote, urlparse
+    try:
+        record = importlib.metadata.distribution("tinyserve").read_text("direct_url.json")
+        url = urlparse(json.loads(record or "{}").get("url", ""))
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        return None
+    folder = Path(unquote(url.path)) if url.scheme == "file" else None
+    return folder if folder is not None and (folder / "pyproject.toml").is_file() else None
+
+
+def course_root() -> Path | None:
+    """The course's folder (chapters, exercises, ``bench/results``): the checkout the package
+    runs from, else the clone it was installed from, else None."""
+    return CHECKOUT or installed_from()
+
+
+def results_folder() -> Path | None:
+    """Where the course's committed bench reports are, the first that exists of:
+    ``$TINYSERVE_RESULTS_DIR``; ``bench/results`` beside the package (a checkout, or an
+    installed copy, which ships them as package data); the clone it was installed from.
+    None when none is there. Read at each call, so ``%env`` in a notebook counts."""
+    import os
+    named = os.environ.get(RESULTS_ENV)
+    places = [Path(named).expanduser()] if named else []
+    places.append(PACKAGE.parent / "bench" / "results")
+    clone = installed_from()
+    if clone is not None:
+        places.append(clone / "bench" / "results")
+    return next((p for p in places if p.is_dir() and any(p.glob("*.json"))), None)

@@ -6,9 +6,10 @@ written by ``python -m tinyserve bench SUITE``) reads the figure from the report
 next to the run's date, commit and load, and never types it into the prose: a rerun that
 moves the figure then moves the sentence with it (issue 38). Which machine ran it is
 named too, next to the one the learner runs on (issue 50): an AVX2 laptop and the AVX-512
-server that measured a report run different kernels. The reports live in the
-repository, not in the installed package, so outside a checkout there is nothing to read and
-:func:`course_run` says so instead of failing.
+server that measured a report run different kernels. The reports are found wherever the
+package came from (:func:`tinyserve.paths.results_folder`): a checkout, an installed copy
+(they ship as package data), the clone it was installed from, or ``$TINYSERVE_RESULTS_DIR``;
+where none is, :func:`course_run` says so instead of failing.
 """
 from __future__ import annotations
 
@@ -17,16 +18,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..paths import CHECKOUT
+from ..paths import RESULTS_ENV, results_folder
 from ..provenance import isa_class, machine_info, machine_summary, same_isa_class
 
-#: Where ``bench`` writes its reports, in a checkout.
-RESULTS = CHECKOUT / "bench" / "results" if CHECKOUT else None
+#: Where the reports were found when this module was imported (None: nowhere).
+RESULTS = results_folder()
+#: ``course_run``'s default: look now (a variable set since import counts).
+FIND = Path("<found at each call>")
 
 
-def course_run(suite: str, results: Path | None = RESULTS) -> dict[str, Any] | None:
-    """The stored report ``bench/results/<suite>.json``, or None outside a checkout (or when
-    the file is missing): the chapter then prints :func:`missing` and quotes nothing."""
+def course_run(suite: str, results: Path | None = FIND) -> dict[str, Any] | None:
+    """The stored report ``<results>/<suite>.json`` (by default the folder
+    :func:`~tinyserve.paths.results_folder` finds), or None when there is none (or
+    ``results`` is None): the chapter then prints :func:`missing` and quotes nothing."""
+    if results is FIND:
+        results = results_folder()
     path = results / f"{suite}.json" if results else None
     if path is None or not path.is_file():
         return None
@@ -35,9 +41,10 @@ def course_run(suite: str, results: Path | None = RESULTS) -> dict[str, Any] | N
 
 def missing(suite: str) -> str:
     """What a chapter prints when the course's report for ``suite`` is not here."""
-    return (f"The course's bench/results/{suite}.json is not here (outside a checkout of the "
-            f"repository): no figure measured on the course's benchmark machine to compare "
-            f"with this one ({machine_summary()}).")
+    return (f"The course's bench/results/{suite}.json is not here (not beside the package, "
+            f"nor in the clone it was installed from; set {RESULTS_ENV} to a folder that holds "
+            f"it): no figure measured on the course's benchmark machine to compare with this "
+            f"one ({machine_summary()}).")
 
 
 def provenance(report: dict[str, Any], here: dict[str, Any] | None = None) -> str:
