@@ -783,8 +783,8 @@ def roofline_figures(model: TinyLlama, sweep: list[dict[str, Any]], context: int
         "bandwidth_gb_per_s": bandwidth / 1e9, "bandwidth_way": ways.fastest_way,
         "matmul_gflop_per_s": flop_rate / 1e9, "ridge_flop_per_byte": flop_rate / bandwidth,
         "weight_bytes": b1_cost.weight_bytes, "context": context, "sweep": sweep,
-        "mbu_b1": {"eager": mbu(b1_cost, bandwidth, one["eager_ms"] / 1e3),
-                   "compiled": mbu(b1_cost, bandwidth, one["compiled_ms"] / 1e3)},
+        # No batch-1 MBU here (issue 52, I7): the report's one MBU per path is the loops'
+        # step against each round's probe (loops_step's mbu_fast and mbu_eager).
         "knee": {"measured_fastest": measured_knee({r: e["fastest_ms"]
                                                     for r, e in by_rows.items()}),
                  "measured_eager": measured_knee({r: e["eager_ms"] for r, e in by_rows.items()}),
