@@ -140,6 +140,11 @@ _SCALE_SOURCES = tuple(dict.fromkeys((
     "tinyserve/backends/spec_graphs.py",
     "tinyserve/backends/cuda_graph.py", "tinyserve/backends/decoder_cache.py",
     "tinyserve/paths.py", *_STEP, *_ENGINE)))
+#: What bench scale_long_context times (issue 52): its suite, the long-context preset, the
+#: directly filled caches and their fit, the int8 cache, and the decode step they run.
+_SCALE_LONG_SOURCES = ("bench/suites/scale_long_context.py", "tinyserve/long_context.py",
+                       "tinyserve/scale.py", "tinyserve/workbook/kv_regime.py",
+                       "tinyserve/roofline.py", "tinyserve/quant.py", *_STEP)
 #: What bench llamacpp times on our side: the scale model exported by our writer, its fastest
 #: compiled step, the eager loop, the fast prefill (on packed weights where that measured
 #: faster), group-wise and per-row int8 (llama.cpp's own version is in the report).
@@ -238,6 +243,13 @@ SUITES: tuple[SuiteHeadlines, ...] = (
         Headline("scale_tp2_decode_speedup"),
         Headline("scale_cache_speedup_512"),
         Headline("scale_prefill_tokens_per_step", fmt="{:.1f}"))),
+    # Issue 52: the KV-bound regime on the long-context scale model (its own report, so the
+    # part runs alone): the long step's MBU, weights plus KV bytes, and the crossover context
+    # measured over the bytes' (the KV cache's read rate over the weights').
+    SuiteHeadlines("scale_long_context", _SCALE_LONG_SOURCES, (
+        Headline("scale_long_context_mbu", fmt="{:.2f}", goal=Goal("at_least", 0.8)),
+        Headline("scale_kv_crossover_measured_vs_predicted", fmt="{:.2f}",
+                 goal=Goal("between", 0.67, high=1.5)))),
     # Issue 37's peer on the same weights: ours / llama.cpp's, one thread each, in turns
     # (bench llamacpp: not in bench all, it needs `make peers`).
     SuiteHeadlines("llamacpp", _LLAMACPP_SOURCES, (

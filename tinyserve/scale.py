@@ -22,6 +22,12 @@ Sizes:
   :data:`CPU_CAP_BYTES` (~1 GB in fp32) so a laptop can hold it next to a notebook.
 - **CUDA**: the GPU timing preset (hidden 4096, MLP 11008, 8 layers, 32 / 8 heads: ~1.4B
   parameters, ~2.9 GB in bf16), far above any GPU's L2.
+- ``bandwidth-long``: the ``bandwidth`` target (the same weights from the same seed: only the
+  window differs) with a context window long enough that one row's KV cache outgrows the
+  weights: :data:`LONG_WINDOW_MULTIPLE` times the context where the two are equal
+  (:func:`tinyserve.long_context.kv_crossover_tokens`), rounded up to a power of two. Chapter
+  6b and ``bench scale_long_context`` time decode there with the cache filled directly;
+  ``kv_heads=`` builds it with more or fewer KV heads (grouped-query attention's lever).
 - ``bandwidth-draft``: a matching small draft for speculative decoding (same vocabulary,
   19 MB in fp32 on the CPU: 1/20 of a 2-layer target, the size a 32 MiB cache gives, and
   small enough to sit in such a cache itself; ~1/54 of the bytes on a GPU), as random as the
@@ -30,6 +36,7 @@ Sizes:
 from __future__ import annotations
 
 from dataclasses import replace
+import math
 import os
 from pathlib import Path
 
@@ -39,7 +46,7 @@ from .config import ModelConfig
 from .device import resolve
 
 #: Presets this module builds; :func:`tinyserve.load_model` accepts them by name.
-SCALE_PRESETS = ("bandwidth", "bandwidth-draft")
+SCALE_PRESETS = ("bandwidth", "bandwidth-draft", "bandwidth-long")
 #: Used when the OS does not say how big the last-level cache is (an L3 common on servers;
 #: a smaller cache only puts the model further past it).
 FALLBACK_LLC_BYTES = 32 * 2**20
@@ -47,6 +54,9 @@ FALLBACK_LLC_BYTES = 32 * 2**20
 LLC_MULTIPLE = 8
 #: The CPU model's weights stay at or below this (fp32), whatever the cache.
 CPU_CAP_BYTES = 2**30
+#: The long preset's window spans at least this many times its KV crossover context, so a
+#: chapter can time steps on both sides of it.
+LONG_WINDOW_MULTIPLE = 2.5
 #: The seed every scale model is drawn from (the same weights each time, on one device).
 SEED = 0
 
@@ -115,9 +125,10 @@ def cpu_layers(llc_bytes: int) -> int:
 
 
 def scale_config(name: str = "bandwidth", device: torch.device | str = "cpu",
-                 layers: int | None = None) -> ModelConfig:
+                 layers: int | None = None, *, kv_heads: int | None = None) -> ModelConfig:
     """The configuration of a scale preset on ``device`` (``layers`` overrides the target's
-    depth, e.g. for a fast test of the same code path)."""
+    depth, e.g. for a fast test of the same code path; ``kv_heads`` the long preset's number of
+    KV heads, a divisor of its query heads)."""
     if name not in SCALE_PRESETS:
         raise ValueError(f"unknown scale preset {name!r}; choose one of: {', '.join(SCALE_PRESETS)}")
     gpu = torch.device(device).type == "cuda"
@@ -131,6 +142,30 @@ def scale_config(name: str = "bandwidth", device: torch.device | str = "cpu",
         if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
             raise ValueError(f"layers must be a positive whole number, not {layers!r}")
         cfg = replace(cfg, num_hidden_layers=layers)
+    if kv_heads is not None and name != "bandwidth-long":
+        raise ValueError(f"kv_heads= sizes the 'bandwidth-long' preset, not {name!r}")
+    if name == "bandwidth-long":
+        cfg = long_context_config(cfg, kv_heads)
+    return cfg
+
+
+def long_context_config(cfg: ModelConfig, kv_heads: int | None = None) -> ModelConfig:
+    """``cfg`` with a window of :data:`LONG_WINDOW_MULTIPLE` times its KV crossover context,
+    rounded up to a power of two (weights and cache in one element size: the ratio has none),
+    and ``kv_heads`` KV heads (default: its own). The window is its own heads' in either case,
+    so variants with other heads are timed at the same contexts."""
+    from .long_context import kv_crossover_tokens
+    crossover = kv_crossover_tokens(cfg, weight_bytes_of(cfg, 4), 4)
+    window = 1 << math.ceil(math.log2(LONG_WINDOW_MULTIPLE * crossover))
+    cfg = replace(cfg, max_position_embeddings=max(window, cfg.max_position_embeddings))
+    heads = cfg.num_attention_heads
+    if kv_heads is not None:
+        if (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1
+                or heads % kv_heads):
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            raise ValueError(f"kv_heads must divide the {heads} query heads: one of "
+                             f"{divisors}, not {kv_heads!r}")
+        cfg = replace(cfg, num_key_value_heads=kv_heads)
     return cfg
 
 
@@ -155,7 +190,7 @@ FOOTPRINT = 2.5
 
 def build_scale_model(name: str = "bandwidth", device: torch.device | str | None = None,
                       dtype: torch.dtype | None = None, *, layers: int | None = None,
-                      seed: int = SEED) -> "TinyLlama":  # noqa: F821 (forward reference)
+                      kv_heads: int | None = None, seed: int = SEED) -> "TinyLlama":  # noqa: F821 (forward reference)
     """A scale preset with seeded random weights, created on ``device`` in ``dtype`` (defaults
     as for the shipped models: CUDA in bf16 when present, else the CPU in fp32), in eval mode.
 
@@ -163,7 +198,7 @@ def build_scale_model(name: str = "bandwidth", device: torch.device | str | None
     device has free."""
     from .model import TinyLlama
     dev, dt = resolve(device, dtype)
-    cfg = scale_config(name, dev, layers)
+    cfg = scale_config(name, dev, layers, kv_heads=kv_heads)
     need = int(FOOTPRINT * weight_bytes_of(cfg, dt.itemsize))
     free = available_memory(dev)
     if free is not None and need > free:
