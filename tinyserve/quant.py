@@ -56,9 +56,11 @@ trades accuracy for speed, tested within a stated bound:
 each row split into groups of ``group_size`` consecutive weights (along the input), each
 group quantized as a row is above, with a scale of its own. llama.cpp's q8_0 does this with
 32 (its block). An outlier then sets the step of its 31 neighbours only, where with one
-scale per row it coarsens all ``in_features`` weights of that output: on the scale model's
-random weights the per-row W8A8 of ``fbgemm`` lost leading greedy tokens that q8_0 kept
-(``bench llamacpp``). It costs 4 bytes per group (1/8 byte a weight at 32), and
+scale per row it coarsens all ``in_features`` weights of that output (which scheme keeps the
+trained target closer to fp32 is measured on the trained target, ``bench llamacpp``'s
+``quality_trained``: random weights have no outliers). Our scale is fp32, 4 bytes per group
+(a 36-byte block of 32, 1/8 byte a weight), where q8_0 stores an fp16 one (ggml's
+``block_q8_0``: 2 + 32 = 34 bytes); and
 PyTorch's int8 CPU kernels take one scale per output (``_weight_int8pack_mm``, fbgemm's
 per-channel weights), none per group: the ``grouped`` kernel dequantizes and calls the GEMM
 eagerly, and inside a compiled step of a few rows (the fast path's decode step and verify
@@ -114,7 +116,8 @@ KERNEL_NOTES = {
               "per call to 7 bits, int8 x int8 -> int32; fast, not weight-only",
     "compiled": "scale_after through torch.compile: one-row steps read int8 in a fused "
                 "reduction (inductor); more rows use cuBLAS on a cast copy",
-    "grouped": "a scale per group of weights (q8_0's layout): eagerly dequantize, then "
+    "grouped": "a scale per group of weights (q8_0's grouping, an fp32 scale): eagerly "
+               "dequantize, then "
                "F.linear; in a compiled step of few rows one fused reduction that reads int8",
     "auto": "scale_after on the CPU; on CUDA the fastest of int8pack, compiled and scale_after "
             "(timed once per device, dtype and shape class; see auto_choices())",
