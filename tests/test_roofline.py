@@ -203,3 +203,12 @@ def test_the_kernel_probe_times_every_linear_once() -> None:
     assert kernel_probe_seconds(model, 2, repeats=1) > 0
     with pytest.raises(ValueError, match="no nn.Linear"):
         kernel_probe_seconds(torch.nn.Sequential(torch.nn.ReLU()), 1)
+
+
+def test_one_tp_bandwidth_bound_the_read_gain_times_the_bytes_saved() -> None:
+    # Issue 52, I3: chapter 7 and bench scale's scale_tp2_vs_bandwidth_bound divide by this one.
+    assert roofline.tp_bandwidth_bound(1.2, 100, 50) == pytest.approx(1.2)
+    assert roofline.tp_bandwidth_bound(1.2, 100, 60) == pytest.approx(1.0)   # replicated head
+    assert roofline.tp_bandwidth_bound(2.0, 90, 30, ranks=3) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="positive"):
+        roofline.tp_bandwidth_bound(0.0, 100, 50)

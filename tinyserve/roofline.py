@@ -262,6 +262,19 @@ def measured_knee(step_seconds: dict[int, float], factor: float = 1.5) -> float:
     return math.inf
 
 
+def tp_bandwidth_bound(read_speedup: float, whole_bytes: float, shard_bytes: float,
+                       ranks: int = 2) -> float:
+    """The speed-up a memory-bound decode step split over ``ranks`` tensor-parallel ranks can
+    reach, the course's one definition (chapter 7, ``bench scale``'s
+    ``scale_tp2_vs_bandwidth_bound``): what the ranks read together against one process
+    alone (``read_speedup``) times the share of the bytes the split saves, ``whole_bytes`` /
+    (``ranks`` x ``shard_bytes``), below 1 where each rank keeps a whole replicated part (the
+    embedding and LM head)."""
+    if min(read_speedup, whole_bytes, shard_bytes) <= 0 or ranks < 1:
+        raise ValueError("the read speed-up and both byte counts must be positive, ranks >= 1")
+    return read_speedup * whole_bytes / (ranks * shard_bytes)
+
+
 def mbu(cost: DecodeCost, bandwidth: float, step_seconds: float) -> float:
     """Model bandwidth utilisation: the memory bound / the measured step time.
 

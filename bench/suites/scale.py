@@ -69,7 +69,9 @@ holds the run at :data:`LOWER_A` and the break-even a), ``scale_spec_measured_vs
 ``scale_decode_mbu_b1``), ``scale_engine_fast_vs_eager_b1`` (the engine's batch-1 decode step
 with ``path="fast"`` / ``path="auto"``, per round, the median),
 ``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
-``scale_tp2_vs_bandwidth_bound`` (TP speed-up / two-process read-bandwidth gain),
+``scale_tp2_vs_bandwidth_bound`` (TP speed-up / chapter 7's bandwidth bound: the two-process
+read-bandwidth gain times the bytes the split saves, :func:`~tinyserve.roofline.
+tp_bandwidth_bound`),
 ``scale_cache_speedup_512``, ``scale_prefill_tokens_per_step``, ``scale_prepare_repeat_s``
 (the second process's seconds). Where a goal is missed the report's ``notes`` say what the
 measurements beside it show.
@@ -104,7 +106,8 @@ from tinyserve.model import TinyLlama
 from tinyserve.paths import cache_dir
 from tinyserve.roofline import (ReadBandwidth, RowPoint, bounds_seconds, compile_settings,
                                 decode_cost, eager_step_seconds, flop_ceiling, matmul_flops,
-                                mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep)
+                                mbu, measured_knee, read_bandwidth, roofline_knee, row_sweep,
+                                tp_bandwidth_bound)
 from tinyserve.speculative import (break_even_acceptance, expected_tokens_per_pass,
                                    predicted_speedup, speculative_generate)
 
@@ -501,7 +504,10 @@ def tensor_parallel(quick: bool, repeats: int) -> dict[str, Any]:
                    "split_ms": [1e3 * s for s in tp.split_s], "speedup": tp.speedup,
                    "allreduce_share": tp.allreduce_share, "whole_bytes": tp.whole_bytes,
                    "shard_bytes": tp.shard_bytes},
-            "tp2_vs_bandwidth_bound": tp.speedup / bw.speedup}
+            # chapter 7's bound, the one definition: the read gain times the bytes saved
+            "bandwidth_bound": tp_bandwidth_bound(bw.speedup, tp.whole_bytes, tp.shard_bytes),
+            "tp2_vs_bandwidth_bound": tp.speedup / tp_bandwidth_bound(bw.speedup, tp.whole_bytes,
+                                                                      tp.shard_bytes)}
 
 
 #: The engine runs: prompt tokens and new tokens per request (``--quick``: 8 and 8); the
@@ -998,7 +1004,9 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
     if "scale_tp2_vs_bandwidth_bound" in missed and "tp" in t:
         notes["scale_tp2_vs_bandwidth_bound"] = (
             f"two ranks ran {t['tp']['speedup']:.2f}x one process while two processes read "
-            f"{t['bandwidth']['speedup']:.2f}x what one reads alone; "
+            f"{t['bandwidth']['speedup']:.2f}x what one reads alone and each rank read "
+            f"{t['tp']['shard_bytes'] / t['tp']['whole_bytes']:.0%} of the bytes (the bound: "
+            f"{t['bandwidth_bound']:.2f}x); "
             f"{t['tp']['allreduce_share']:.0%} of a split step was inside all-reduces "
             f"(waiting included): splitting the bytes can gain at most what the bus adds "
             f"for a second process, and the all-reduces come out of that")
