@@ -194,3 +194,128 @@ def test_the_measurements_the_prose_now_rests_on_are_in_the_cells() -> None:
         and "torch.set_num_threads(n)" in code["07_parallelism.ipynb"]
     # Finding 16: chunked prefill is SARATHI's (arXiv:2308.16369), before Sarathi-Serve.
     assert "2308.16369" in "\n".join(_cells(ROOT / "course" / "05_scheduling.ipynb", "markdown"))
+
+
+# --- issue 52: one name per cause, the two bounds, one MBU per path, one TP bound ---------
+
+import inspect  # noqa: E402
+
+from tinyserve.workbook import fast_lab, roofline_lab  # noqa: E402
+
+
+def _text(name: str, kind: str) -> str:
+    return "\n".join(_cells(ROOT / "course" / name, kind))
+
+
+def test_the_rule_names_a_kernel_below_the_roof_where_the_chapters_probe_one() -> None:
+    # M1: a step far off its roofline is kernel-bound when its matmuls alone explain the gap;
+    # the chapters that name an eager step at scale (or a recompute, a prefill) pass the probe.
+    assert "kernel-bound" in roofline_lab.REGIMES
+    for name in ("01_prefill_vs_decode.ipynb", "02_kv_cache.ipynb", "03_batching.ipynb",
+                 "06_quantization.ipynb", "08_speculative_decoding.ipynb"):
+        code = _text(name, "code")
+        assert "kernel_s=" in code and "kernel_probe_seconds(" in code, name
+    stale = [p.name for p in CHAPTERS if "kernel slower than the machine's best" in
+             "\n".join(_cells(p, "markdown") + _cells(p, "code"))]
+    assert not stale, f"the old overhead-bound wording: {stale}"
+
+
+def test_the_two_bounds_are_taught_and_printed_together() -> None:
+    # M4: max() is the perfect-overlap bound, the sum the no-overlap one; chapters 3 and 8
+    # print both beside each measurement and say which this machine followed.
+    for name in ("03_batching.ipynb", "08_speculative_decoding.ipynb"):
+        assert "two_bounds(" in _text(name, "code"), name
+        md = _text(name, "markdown")
+        assert "perfect" in md and "overlap" in md and "sum" in md, name
+    assert "roofline_knee(*knee_args, overlap=False)" in _text("03_batching.ipynb", "code")
+    old = ("ride along nearly free", "prices the pass at about one step")
+    stale = [(p.name, o) for p in CHAPTERS for o in old if o in "\n".join(_cells(p, "markdown"))]
+    assert not stale, stale
+
+
+def test_one_batch1_mbu_per_path_in_the_scale_report() -> None:
+    # I7: the report's batch-1 MBU is the loops' step against each round's probe, one per
+    # path; the rows sweep no longer reports a second one, and no chapter reads it.
+    from bench.suites import scale
+    assert '"mbu_b1": {"eager"' not in inspect.getsource(scale.roofline_figures)
+    for p in CHAPTERS:
+        assert "['mbu_b1']" not in "\n".join(_cells(p, "code")), p.name
+    for name in ("01_prefill_vs_decode.ipynb", "06b_decode_roofline.ipynb"):
+        assert "loops['mbu_fast']" in _text(name, "code"), name
+
+
+def test_one_tp_bandwidth_bound_in_chapter_7_and_bench_scale() -> None:
+    # I3: the chapter's definition, the read gain times the bytes the split saves.
+    from bench.suites import scale
+    assert "tp_bandwidth_bound(" in _text("07_parallelism.ipynb", "code")
+    assert "tp_bandwidth_bound(" in inspect.getsource(scale.tensor_parallel)
+    assert "second bus" not in "\n".join(_cells(ROOT / "course" / "07_parallelism.ipynb", "code"))
+
+
+def test_the_quick_mode_knee_and_k_are_stated_as_the_code_runs() -> None:
+    # I8: a knee past the rows timed is graded as a lower limit; W2: chapter 8's quick k.
+    code, md = _text("03_batching.ipynb", "code"), _text("03_batching.ipynb", "markdown")
+    assert "record_past(FAST_ROWS[-1])" in code and "past the rows timed" in md
+    said = re.findall(r"or (\d+) in quick mode", _text("08_speculative_decoding.ipynb", "markdown"))
+    assert said and all(int(k) == fast_lab.QUICK_K for k in said), said
+
+
+def test_chapter_8_says_which_acceptance_each_figure_uses() -> None:
+    # W1: the replay at the trained pair's per-draft a (not 0.8, not the acceptance rate),
+    # and a lower a priced beside the break-even.
+    name = "08_speculative_decoding.ipynb"
+    md, code = _text(name, "markdown"), _text(name, "code")
+    assert "sets 0.8" not in md and "trained pair's per-draft *a*" in md
+    assert "A_LOW" in code and "break-even" in code
+    assert "nearly vanish" not in md                            # the draft's share is printed
+
+
+def test_chapters_3_and_5_leave_regimes_to_the_rule() -> None:
+    # the partly fixed findings: no regime test of their own beside the rule
+    assert "predicted / 1.5" not in _text("03_batching.ipynb", "code")
+    assert "1.3 * lin[1]" not in _text("03_batching.ipynb", "code")
+    assert "1 / 1.5 < ms_per_token" not in _text("05_scheduling.ipynb", "code")
+    assert "regime_of(" in _text("05_scheduling.ipynb", "code")
+
+
+def test_the_course_machine_is_named_and_the_l2_is_a_gpus_class() -> None:
+    # M3: no sentence speaks of "the course machine" without saying which; I1: only
+    # A100/H100-class L2s hold the shipped model.
+    vague = re.compile(r"course machine|course's machine")
+    named = [(p.name, para[:80]) for p in [*CHAPTERS, ROOT / "START_HERE.ipynb"]
+             for text in _cells(p, "markdown") for para in text.split("\n\n")
+             if vague.search(para) and "EPYC" not in para]
+    assert not named, named
+    gpu_l2 = [p.name for p in CHAPTERS if "in a GPU's L2" in "\n".join(_cells(p, "markdown"))]
+    assert not gpu_l2, gpu_l2
+
+
+def test_the_eager_gemm_is_taught_as_a_per_call_and_a_per_row_cost() -> None:
+    # M2: repacking is per call; the per-row slope is the library's rate (printed in GFLOP/s)
+    old = ("repacks the weights", "packs the weights again at every call",
+           "packed again at every call", "packs its weights at every call")
+    files = [*CHAPTERS, ROOT / "tinyserve" / "backends" / "packed.py",
+             ROOT / "tinyserve" / "workbook" / "engine_lab.py"]
+    stale = [(f.name, o) for f in files for o in old if o in f.read_text()]
+    assert not stale, stale
+    assert "per_row_flops(" in _text("03_batching.ipynb", "code")
+
+
+def test_q8_0s_block_and_the_8b_steps_bytes_are_counted_as_read() -> None:
+    # I4: q8_0 stores an fp16 scale per 32 (34 bytes), ours fp32 (36); I9: a decode step
+    # reads one row of the input embedding, not the table.
+    name = "06b_decode_roofline.ipynb"
+    md, code = _text(name, "markdown"), _text(name, "code")
+    assert "34 bytes" in md and "36" in md and "(32 + 2) / 32" in code
+    assert "- embedding_8b" in code
+    assert "fp16" in (ROOT / "tinyserve" / "quant.py").read_text()
+
+
+def test_start_heres_run_times_cover_its_table() -> None:
+    # I2: the opening sentence may not cap a chapter's run below what the table states.
+    text = _cells(ROOT / "START_HERE.ipynb", "markdown")[0]
+    table = "\n".join(_cells(ROOT / "START_HERE.ipynb", "markdown"))
+    longest = max(int(m) for m in re.findall(r"\| \d+-(\d+) min \|", table)
+                  + re.findall(r"\| about (\d+) min \|", table) or ["0"])
+    if longest > 2:
+        assert "about two minutes" not in text and "a minute or two" not in text

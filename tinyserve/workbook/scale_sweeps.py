@@ -188,7 +188,8 @@ class LinearRates:
         (``inf`` if the time did not grow)."""
         t = self.seconds[way]
         extra = t[hi] - t[lo]
-        return math.inf if extra <= 0 else 2 * (hi - lo) * self.out_features * self.in_features / extra
+        flops = 2 * (hi - lo) * self.out_features * self.in_features
+        return math.inf if extra <= 0 else flops / extra
 
 
 @torch.inference_mode()
@@ -202,7 +203,8 @@ def linear_rates(rows: list[int], out_features: int = 16384, in_features: int = 
     device = torch.device(device)
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(out_features, in_features, generator=g).to(device=device, dtype=dtype)
-    xs = {r: torch.randn(r, in_features, generator=g).to(device=device, dtype=dtype) for r in rows}
+    xs = {r: torch.randn(r, in_features, generator=g).to(device=device, dtype=dtype)
+          for r in rows}
     ways = {"eager": lambda x: F.linear(x, weight)}
     if device.type == "cpu" and dtype == torch.float32 and packed.available():
         laid_out = packed.pack(weight, max(rows))
