@@ -195,3 +195,17 @@ def test_without_the_peer_the_suite_says_make_peers_and_writes_nothing(
 def test_a_venv_without_the_converter_is_named() -> None:
     message = llamacpp.missing_message("no converter at X")
     assert "no converter at X" in message and "15-35 minutes" in message
+
+
+def test_llamacpp_runs_at_its_defaults_unless_this_host_has_amx() -> None:
+    # Issue 52, I5: extra buffer types (AMX, repacked CPU layouts) stay at llama.cpp's default
+    # where they work, go off only on an AMX CPU, and the report says which and why per host.
+    plain = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n"
+    amx = "flags\t\t: fpu avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
+    assert llamacpp.extra_buffers_off_reason(plain) is None
+    assert llamacpp.extra_buffers_off_reason("") is None
+    reason = llamacpp.extra_buffers_off_reason(amx)
+    assert reason.startswith("off: this CPU has AMX (amx_bf16, amx_int8, amx_tile)")
+    assert "20824" in reason
+    assert llamacpp.extra_buffers_text(None).startswith("on (llama.cpp's default")
+    assert llamacpp.extra_buffers_text(reason) == reason

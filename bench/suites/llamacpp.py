@@ -217,26 +217,52 @@ def prefill_flops(cfg: Any, tokens: int) -> int:
 
 # --- the worker: llama.cpp in the peer's venv ---------------------------------------------------
 
+def extra_buffers_off_reason(cpuinfo: str | None = None) -> str | None:
+    """Why llama.cpp's extra buffer types must go off on this host, or None: llama.cpp then
+    runs at its defaults. They hold its AMX, KleidiAI and repacked CPU layouts (ggml-cpu's
+    ``ggml_backend_cpu_get_extra_buffers_type``), so turning them off also turns off the
+    repacked q8_0 layout a user gets by default: they go off only where they are known to
+    crash, a CPU with AMX, where q8_0 weights land in the AMX buffer and the first q8_0 step
+    can fault in ``ggml_backend_amx_mul_mat`` (f32 unaffected; ggml-org/llama.cpp issue
+    20824). ``cpuinfo``: ``/proc/cpuinfo``'s text (read here when None; absent: no AMX)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = {word for line in cpuinfo.splitlines() if line.startswith("flags")
+             for word in line.split(":", 1)[-1].split()}
+    amx = sorted(flags & {"amx_int8", "amx_tile", "amx_bf16"})
+    if amx:
+        return (f"off: this CPU has AMX ({', '.join(amx)}), where q8_0 in llama.cpp's AMX buffer "
+                "can crash (ggml-org/llama.cpp issue 20824); its repacked layouts go off too")
+    return None
+
+
+def extra_buffers_text(reason: str | None) -> str:
+    """The report's line for this host's choice (:func:`extra_buffers_off_reason`)."""
+    return reason or ("on (llama.cpp's default: no AMX here, so its extra buffer types, the "
+                      "repacked CPU layouts among them, run as a user gets them)")
+
+
 class Peer:
     """One GGUF model in llama.cpp, one thread, driven through the low-level API."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, extra_buffers: bool = True) -> None:
         import llama_cpp
         import llama_cpp.llama_cpp as capi
         self.lib = llama_cpp
-        # Extra buffer types off (llama.cpp's --no-extra-bufts; Llama() has no argument for
-        # it, so the defaults it starts from are patched while it loads): on a CPU with AMX
-        # they put q8_0 weights in an AMX buffer, and there the first q8_0 step can crash in
-        # ggml_backend_amx_mul_mat (a general protection fault, f32 unaffected; seen on
-        # 2026-12-03, as in ggml-org/llama.cpp issue 20824). Without them q8_0 runs ggml's
-        # CPU dot product (AVX512-VNNI where the CPU has it).
+        # With ``extra_buffers`` False, llama.cpp's --no-extra-bufts (Llama() has no argument
+        # for it, so the defaults it starts from are patched while it loads): only where
+        # extra_buffers_off_reason says so, the report records why.
         defaults = capi.llama_model_default_params
 
         def without_extra_buffers() -> Any:
             params = defaults()
             params.use_extra_bufts = False
             return params
-        capi.llama_model_default_params = without_extra_buffers
+        if not extra_buffers:
+            capi.llama_model_default_params = without_extra_buffers
         try:
             self.llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_batch=N_CTX,
                                        n_ubatch=N_CTX, n_threads=1, n_threads_batch=1,
@@ -301,7 +327,7 @@ def worker_main() -> int:
         req = json.loads(line)
         op = req["op"]
         if op == "load":
-            peers[req["name"]] = Peer(req["path"])
+            peers[req["name"]] = Peer(req["path"], req.get("extra_buffers", True))
             answer: Any = {"version": llama_cpp.__version__,
                            "system_info": llama_cpp.llama_print_system_info().decode()}
         elif op == "greedy":
@@ -736,7 +762,9 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
         work = Path(tmp)
         files = export_and_convert(model, work)
         with worker(work / "worker.log") as peer:
-            loaded = {kind: peer.ask(op="load", name=kind, path=files["files"][kind]["path"])
+            off = extra_buffers_off_reason()        # llama.cpp's defaults unless they crash here
+            loaded = {kind: peer.ask(op="load", name=kind, path=files["files"][kind]["path"],
+                                     extra_buffers=off is None)
                       for kind in GGUF_TYPES}
             tokens = check_tokens(model, int8, peer, quick)
             if not tokens["fixed_prompt_equal_f32"]:
@@ -759,7 +787,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
                     "llamacpp": {"llama_cpp_python": loaded["f32"]["version"],
                                  "system_info": loaded["f32"]["system_info"],
                                  "api": "llama_decode on llama_batch_get_one (low level)",
-                                 "extra_buffer_types": "off (AMX q8_0 can crash: Peer)"}}
+                                 "extra_buffer_types": extra_buffers_text(off)}}
     conditions = {"model": f"bandwidth (seeded random, hidden {cfg.hidden_size}, MLP "
                            f"{cfg.intermediate_size}, {cfg.num_hidden_layers} layers)",
                   "threads": "1 each (torch: set_num_threads(1); llama.cpp: n_threads=1)",
