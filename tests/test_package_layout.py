@@ -357,7 +357,7 @@ MODEL_AND_STORAGE = {"model", "kv_cache", "paged", "block_manager", "config", "q
 #: int8 kernels' choice ask it, and it imports nothing of the package.
 #: Measurement above the loops, which times a backend's step directly (fast_lab: the fast
 #: path's steps and passes timed for chapters 1, 3, 6b and 8).
-MEASURING = {"roofline", "graph_check", "workbook.fast_lab"}
+MEASURING = {"roofline", "graph_check", "workbook.fast_lab", "workbook.scale_sweeps"}
 #: Paths a notebook names, kept as a re-export of a backend (chapter 8: tinyserve.spec_graphs).
 KEPT_FOR_NOTEBOOKS = {"spec_graphs"}
 

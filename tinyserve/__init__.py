@@ -40,6 +40,7 @@ One request (chapters 0-2)
     graph_check     eager against graph decode, timed (python -m tinyserve.graph_check, gpu-check)
     roofline        what a decode step must read and compute vs what the machine can do
     metrics         TTFT, ITL, TPOT, E2E of a request; SLOs, goodput, percentiles
+    long_context    decode at long context: caches filled directly, the KV crossover, the fit
 
 Many requests (chapters 3-5)
     sequence        one request inside the engine: tokens, KV progress, trace
@@ -79,7 +80,8 @@ Around it
                     (the reports in bench/results, read where a chapter cites them),
                     ``fast_lab`` (the shapes and timings of the fast path in chapters 1, 3,
                     6b and 8; quick mode), ``engine_lab`` (the engine at the wall:
-                    requests served at once, chapter 9 and ``bench scale``)
+                    requests served at once, chapter 9 and ``bench scale``), ``kv_regime``
+                    (chapter 6b's long-context section: its contexts and lines)
     paths           ``ASSETS``: where the shipped files are, in a checkout or installed
     provenance      the machine and commit recorded with every benchmark report
     tables          the plain-text table every report prints
