@@ -32,7 +32,8 @@ One request (chapters 0-2)
                     fastest of compiled, packed and eager on a CPU; its kernel cache and
                     ``prepare``), ``choices`` (what each fast shape runs, timed in turns
                     here, kept on disk), ``packed`` (the eager passes' linears over weights
-                    packed once for oneDNN)
+                    packed once for oneDNN), ``waits`` (a compile says what and about how
+                    long before it starts, and shows its elapsed time while it runs)
     step_path       the loops' one switch, path=: how a decode step runs (auto, eager, graph,
                     compiled, fast), the same in generate, speculation and the engine
     toolchain       can torch.compile build CPU kernels here? one probe a process; the line

@@ -155,7 +155,7 @@ def _admit(model: TinyLlama, tokens: int, use_cache: bool, compile: bool, graph:
         decoder = fast_decoder(model, 1, tokens, cache=cache_dir())
     elif compile:
         from .backends.compiled import compiled_decoder
-        decoder = compiled_decoder(model, 1, tokens=tokens)
+        decoder = compiled_decoder(model, 1, tokens=tokens, cache=cache_dir())
     elif graph:
         from .backends.cuda_graph import graph_decoder
         graphed = graph_decoder(model, 1, tokens=tokens)
@@ -396,7 +396,7 @@ def generate_compiled(model: TinyLlama, prompts: Sequence[list[int]], max_tokens
         check_prompt(p, max_tokens, window)
     longest = max(len(p) for p in prompts)
     decoder = compiled_decoder(model, len(prompts), mode, backend,
-                               tokens=min(window, longest + max_tokens))
+                               tokens=min(window, longest + max_tokens), cache=cache_dir())
     device, B, bucket = model.device, len(prompts), decoder.cache.batch_size
     lengths = [len(p) for p in prompts] + [1] * (bucket - len(prompts))
     pad = model.config.pad_token_id

@@ -335,10 +335,11 @@ def compiled_step_seconds(model: torch.nn.Module, prompts: Tensor, n: int = 16,
     default T + n; more leaves room for a later pass on the same decoder, which
     :func:`~tinyserve.backends.compiled.compiled_decoder` hands back when asked again)."""
     from .backends.compiled import compiled_decoder
+    from .paths import cache_dir
     B, T = prompts.shape
     with compile_settings(freezing, B):         # as the loops compile B rows
         decoder = compiled_decoder(model, B, mode=mode, backend=backend,
-                                   tokens=tokens or T + n)
+                                   tokens=tokens or T + n, cache=cache_dir())
         if decoder.cache.batch_size != B:
             raise ValueError(f"time the compiled step at a bucket size, not {B}")
         first = decoder.prefill(prompts)[:, -1].argmax(-1)

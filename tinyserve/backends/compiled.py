@@ -31,7 +31,8 @@ graph per (batch bucket, window) pair, each compiled on first use.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
-from contextlib import AbstractContextManager, ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from pathlib import Path
 import time
 from typing import Any
 import warnings
@@ -42,6 +43,7 @@ from torch import Tensor
 from ..model import TinyLlama
 from .decoder_cache import DecoderCache
 from .static import StaticKVCache, bucket_for, window_for
+from .waits import CompileTimes, waiting
 
 __all__ = ["COMPILED_ENTRIES", "MAX_COMPILED_BATCH", "CompiledDecoder", "compile_token_layers",
            "compiled_decoder", "compiling", "DECODERS", "MAX_DECODERS"]
@@ -89,7 +91,11 @@ class CompiledDecoder:
     function guards on strides too, and a token passed as a column view (stride 40 where the
     first call's had 1) recompiled the step outside the settings, unfrozen and unpacked, and
     much slower. The first :meth:`step` compiles
-    (seconds to a minute); :attr:`compile_seconds` records how long that took.
+    (seconds to a minute), saying before how long and showing its elapsed time
+    (:mod:`~tinyserve.backends.waits`); :attr:`compile_seconds` records how long that took.
+    ``cache``: the folder its kernels and compile times are kept in across runs (the loops
+    pass :func:`tinyserve.paths.cache_dir`); None: inductor's default, times kept in this
+    process only.
     ``backend="eager"`` only traces (TorchDynamo, no code generation): it checks in seconds
     that the step is one graph with static shapes, and runs it op by op.
     """
@@ -97,8 +103,10 @@ class CompiledDecoder:
     def __init__(self, model: TinyLlama, batch_size: int, mode: str | None = None,
                  backend: str = "inductor", window: int | None = None,
                  options: dict[str, Any] | None = None,
-                 settings: Callable[[], AbstractContextManager] | None = None) -> None:
+                 settings: Callable[[], AbstractContextManager] | None = None,
+                 cache: Path | None = None) -> None:
         self.model = model
+        self.cache_root = cache
         self.cache = StaticKVCache(model.config, batch_size, device=model.device,
                                    dtype=model.dtype, max_seq=window)
         self.cache.mark_static()
@@ -149,7 +157,7 @@ class CompiledDecoder:
         if self.mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()
         if first:
-            with compiling(self._settings):
+            with self._compile_wait(), compiling(self._settings):
                 logits = self._step(tokens, positions).clone()
         else:
             logits = self._step(tokens, positions).clone()
@@ -157,7 +165,30 @@ class CompiledDecoder:
             if logits.device.type == "cuda":
                 torch.cuda.synchronize(logits.device)
             self.compile_seconds = time.perf_counter() - start
+            if self.backend == "inductor":
+                CompileTimes(self._kernels()).put(self._wait_key(), self.compile_seconds)
         return logits
+
+    def _wait_key(self) -> str:
+        from .choices import shape_key
+        return shape_key(self.model, f"compiled decode {self.cache.batch_size} rows x window "
+                         f"{self.cache.max_seq}", (self.mode, self.backend))
+
+    def _kernels(self) -> Path | None:
+        """The kernel folder under :attr:`cache_root`
+        (:func:`~tinyserve.backends.fast.inductor_cache`), or None without one."""
+        from .fast import inductor_cache
+        return inductor_cache(self.cache_root)
+
+    def _compile_wait(self) -> AbstractContextManager:
+        """The first step's wait, said and shown (:mod:`~tinyserve.backends.waits`); its
+        kernels go to the cache folder, kept across runs and sessions where
+        ``TINYSERVE_CACHE_DIR`` points at a kept disk."""
+        if self.backend != "inductor":
+            return nullcontext()
+        estimate, source = CompileTimes(self._kernels()).estimate(self._wait_key())
+        return waiting(f"compiling the decode step ({self.cache.batch_size} rows, window "
+                       f"{self.cache.max_seq})", estimate, source)
 
 
 def compile_token_layers(model: TinyLlama, backend: str = "inductor") -> None:
@@ -190,7 +221,8 @@ def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
                      options: dict[str, Any] | None = None,
                      settings: Callable[[], AbstractContextManager] | None = None,
                      tag: Hashable = None,
-                     kind: type[CompiledDecoder] | None = None) -> CompiledDecoder:
+                     kind: type[CompiledDecoder] | None = None,
+                     cache: Path | None = None) -> CompiledDecoder:
     """The decoder for ``model``, the bucket holding ``batch`` rows and the window holding
     ``tokens`` positions per row (default: the whole context window), compiled once and
     reused (compiling again for every request would cost more than it saves); at most
@@ -198,12 +230,13 @@ def compiled_decoder(model: TinyLlama, batch: int, mode: str | None = None,
     ``options``: inductor's, instead of ``mode``, and ``settings`` around the compile (see
     :class:`CompiledDecoder`); ``tag``: anything else the decoder must match (the fast
     path's settings and weight versions: its compiled step holds the weights frozen);
-    ``kind``: a subclass to make instead (the fast path's)."""
+    ``kind``: a subclass to make instead (the fast path's); ``cache``: where its kernels and
+    compile time are kept (see :class:`CompiledDecoder`)."""
     context = model.config.max_position_embeddings
     window = window_for(context if tokens is None else tokens, context)
     key = (bucket_for(batch, MAX_COMPILED_BATCH), window, mode, backend,
            tuple(sorted((options or {}).items())), tag)
     make = kind or CompiledDecoder
     return DECODERS.get(model, (*key, make), lambda: make(model, key[0], mode, backend,
-                                                         window, options, settings),
+                                                         window, options, settings, cache),
                         exclusive=False)

@@ -73,6 +73,7 @@ from . import packed
 from .packed import FLUSH_BYTES
 from .spec_graphs import StaticPasses, static_passes
 from .static import bucket_for, window_for
+from .waits import CompileTimes, shown, waiting
 from .. import toolchain
 
 __all__ = ["CPU_RECIPE", "DECODE_STEPS", "EAGER_LINEARS", "FASTEST", "INDUCTOR_FOLDER",
@@ -514,13 +515,19 @@ def first_step(model: TinyLlama, what: str, rows: int, recipe: Recipe, folder: P
     if kept is not None and kept.kernel in ways and not kept.compiles:
         return kept, kept.run(ways)
     out = None
+    times, start = CompileTimes(folder), time.perf_counter()
+    estimate, source = times.estimate(key)
     if "compiled" in ways:
-        try:
-            out = ways["compiled"]()
-        except Exception as error:   # noqa: BLE001 - any failed compile: run eagerly instead
-            toolchain.failed(error)
-            ways.pop("compiled")
-            why = "compile failed"
+        # one call that returns when the compile is done: say before how long, show elapsed
+        with waiting(f"compiling {what}", estimate, source):
+            try:
+                out = ways["compiled"]()
+            except Exception as error:   # noqa: BLE001 - any failed compile: run eagerly instead
+                toolchain.failed(error)
+                ways.pop("compiled")
+                why = "compile failed"
+        if why is None:
+            times.put(key, time.perf_counter() - start)
     if kept is not None and kept.compiles and "compiled" in ways:
         return kept, out                    # compiled (from the kernel cache), not timed again
     choice = choose_step(model, rows, ways, recipe.decode_steps)
@@ -724,8 +731,10 @@ def prepare(model: TinyLlama, shapes: Iterable[Shape], *, progress: bool = True,
     shapes = list(dict.fromkeys(shapes))
     units = sum(len(s.widths) or 1 for s in shapes)
     costs: list[ShapeCost] = []
-    with tqdm(total=units, desc="preparing the fast path", unit="shape",
-              disable=not progress) as bar:
+    # One shape is one long call: each shows its own wait (estimate, elapsed) as it compiles;
+    # the bar over shapes only where there are several.
+    with shown(progress), tqdm(total=units, desc="preparing the fast path", unit="shape",
+                                disable=not progress or units < 2) as bar:
         for shape in shapes:
             for label, seconds, fresh, note in _prepare_one(model, shape, cache):
                 costs.append(ShapeCost(label, seconds, fresh))
