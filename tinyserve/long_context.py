@@ -147,7 +147,9 @@ class StepCase:
     cache_cls: type[KVCache] = KVCache
 
 
-def _prepared(case: StepCase, n: int, seed: int) -> KVCache:
+def prepared_cache(case: StepCase, n: int = 1, seed: int = 0) -> KVCache:
+    """A cache for ``case``: room for ``n`` steps past its context, filled directly with
+    seeded random keys and values up to the context (:func:`fill_random`)."""
     window = case.model.config.max_position_embeddings
     if case.context + n > window:
         raise ValueError(f"{case.context} cached tokens + {n} steps do not fit the context "
@@ -168,7 +170,7 @@ def steps_in_turns(cases: dict[str, StepCase], n: int = 4, rounds: int = 3,
     of each kept (other programs only ever slow a run down)."""
     from .device import clock, in_turns
     from .generate import decode_step
-    caches = {name: _prepared(case, n, seed) for name, case in cases.items()}
+    caches = {name: prepared_cache(case, n, seed) for name, case in cases.items()}
 
     def run(name: str) -> float:
         case, cache = cases[name], caches[name]

@@ -20,8 +20,13 @@ Ratios (goals in :mod:`bench.headlines`, issue 52):
 
 Beside them (reported, not judged): at the predicted crossover context, the model with as
 many KV heads as query heads (multi-head), with its own, with one (multi-query), and with its
-own over :class:`tinyserve.quant.Int8KVCache`, in turns, with each step's bytes. A separate suite from
-``bench scale`` so this part runs alone (under two minutes) and keeps its own report
+own over :class:`tinyserve.quant.Int8KVCache`, in turns, with each step's bytes (the int8
+cache dequantizes every slot before attention, so it also reports the bytes that moves a
+token); and a one-op probe, attention alone at the longest context
+(:func:`tinyserve.workbook.kv_regime.attention_seconds`), against the fit's KV part there:
+where the goals are missed the note names the step kernel-bound only when the probe explains
+the KV part (the rule's share, :data:`tinyserve.workbook.roofline_lab.KERNEL_SHARE`). A
+separate suite from ``bench scale`` so this part runs alone (a few minutes) and keeps its own report
 (``bench/results/scale_long_context.json``). One torch thread. ``--quick`` runs the same code
 on a tiny random model: its figures mean nothing and the report says so.
 """
@@ -32,15 +37,14 @@ from typing import Any
 import torch
 
 from tinyserve.device import default_device, default_dtype
-from tinyserve.long_context import (StepCase, context_steps, fit_context_steps,
-                                    kv_bytes_per_token, kv_crossover_tokens, steps_in_turns,
-                                    token_bytes_of)
-from tinyserve.kv_cache import KVCache
+from tinyserve.long_context import (context_steps, fit_context_steps, kv_bytes_per_token,
+                                    kv_crossover_tokens)
 from tinyserve.model import TinyLlama
-from tinyserve.quant import Int8KVCache, weight_bytes
+from tinyserve.quant import weight_bytes
 from tinyserve.roofline import ReadBandwidth, read_bandwidth
 from tinyserve.scale import long_context_config
-from tinyserve.workbook.kv_regime import SHORT, lever_lines, rate_lines, split_lines
+from tinyserve.workbook.kv_regime import (SHORT, attention_seconds, int8_traffic, lever_table,
+                                          levers, probe_line, rate_lines, split_lines)
 
 from ..common import QUICK_CONFIG, report, table, write_json
 
@@ -59,32 +63,11 @@ def _model(quick: bool, device: torch.device, dtype: torch.dtype,
     return build_scale_model("bandwidth-long", device, dtype, kv_heads=kv_heads)
 
 
-def levers(model: TinyLlama, context: int, quick: bool, rounds: int) -> dict[str, Any]:
-    """The model's own step at ``context`` against its multi-head and multi-query twins and
-    its own heads over an int8 cache, in turns: each one's seconds and bytes a step."""
-    device, dtype, cfg = model.device, model.dtype, model.config
-    variants = {"kv_heads_own": (model, KVCache), "int8_kv": (model, Int8KVCache)}
-    for kv in (cfg.num_attention_heads, 1):
-        if kv != cfg.num_key_value_heads:
-            variants[f"kv_heads_{kv}"] = (_model(quick, device, dtype, kv), KVCache)
-    cases = {name: StepCase(m, context, cls) for name, (m, cls) in variants.items()}
-    seconds = steps_in_turns(cases, STEPS, rounds)
-    out = {}
-    for name, case in cases.items():
-        c = case.model.config
-        token = token_bytes_of(c, case.cache_cls, dtype)
-        out[name] = {"kv_heads": c.num_key_value_heads, "cache": case.cache_cls.__name__,
-                     "seconds": seconds[name], "weight_bytes": weight_bytes(case.model),
-                     "kv_token_bytes": token,
-                     "bytes": weight_bytes(case.model) + context * token}
-    return out
-
-
 def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
     device = default_device()
     dtype = default_dtype(device)
-    probe = (16 if quick else 512) * 2**20
-    before = read_bandwidth(device, probe)
+    buffer = (16 if quick else 512) * 2**20
+    before = read_bandwidth(device, buffer)
     model = _model(quick, device, dtype)
     cfg = model.config
     weights = weight_bytes(model)
@@ -97,11 +80,13 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
           f"window {cfg.max_position_embeddings:,}", flush=True)
     steps = context_steps(model, contexts, n=STEPS, rounds=2 if quick else ROUNDS)
     at = round(predicted)
-    lever = levers(model, at, quick, 1 if quick else LEVER_ROUNDS)
-    after = read_bandwidth(device, probe)
+    lever = levers(model, at, lambda kv: _model(quick, device, dtype, kv), STEPS,
+                   1 if quick else LEVER_ROUNDS)
+    longest = contexts[-1]
+    attention_s = attention_seconds(model, longest, repeats=1 if quick else 3)
+    after = read_bandwidth(device, buffer)
     reads = ReadBandwidth({w: max(r, after.ways[w]) for w, r in before.ways.items()})
     fit = fit_context_steps(steps)
-    longest = contexts[-1]
     long_bytes = weights + longest * token
     ratios = {"scale_long_context_mbu": long_bytes / reads.best / steps[longest],
               "scale_kv_crossover_measured_vs_predicted": fit.crossover / predicted}
@@ -112,7 +97,9 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
          "fit": {"fixed_s": fit.fixed_s, "per_token_s": fit.per_token_s,
                  "crossover": fit.crossover, "weights_rate": weights_rate, "kv_rate": kv_rate},
          "long_context": {"context": longest, "bytes": long_bytes, "seconds": steps[longest]},
-         "levers_context": at, "levers": lever}
+         "levers_context": at, "levers": lever, "int8_kv_traffic": int8_traffic(cfg, dtype.itemsize),
+         "attention_probe": {"context": longest, "seconds": attention_s,
+                             "kv_part_s": fit.kv_s(longest)}}
     notes = explain(ratios, m)
     print_summary(ratios, m, notes)
     data = report("scale_long_context", ratios=ratios, measurements=m,
@@ -141,12 +128,25 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
         h = headline("scale_long_context", name)
         if h is None or h.goal is None or h.goal.met(value):
             continue
-        notes[name] = (f"{rates}: attention reads the cache below the rate the matmuls read the "
-                       f"weights, so the step is KV-bound from a shorter context than the bytes "
-                       f"say and runs below the roof at long context (kernel-bound: SDPA's "
-                       f"one-query kernel, not the memory, sets the KV part's time)"
-                       if fit["kv_rate"] < fit["weights_rate"] else rates)
+        notes[name] = _why(rates, m)
     return notes
+
+
+def _why(rates: str, m: dict[str, Any]) -> str:
+    """The read rates, and the probe's verdict where the KV cache reads slower: the attention
+    kernel alone explains the KV part (kernel-bound, below the roof) or it does not."""
+    from tinyserve.workbook.roofline_lab import KERNEL_SHARE
+    fit, probe = m["fit"], m["attention_probe"]
+    if not 0 < fit["kv_rate"] < fit["weights_rate"] or probe["kv_part_s"] <= 0:
+        return rates
+    share = probe["seconds"] / probe["kv_part_s"]
+    head = (f"{rates}: the step reads its KV cache below the rate it reads its weights, so it "
+            f"turns KV-bound at a shorter context than the bytes say and runs below the roof "
+            f"at long context; attention alone (one SDPA call a layer at "
+            f"{probe['context']:,} tokens) takes {share:.0%} of the fit's KV part")
+    if share >= KERNEL_SHARE:
+        return head + ": kernel-bound (the one-query attention kernel, not the memory, sets it)"
+    return head + ": less than the rule's share, so not the kernel alone"
 
 
 def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, str]) -> None:
@@ -160,10 +160,14 @@ def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, 
     for line in rate_lines(fit, m["weight_bytes"], m["kv_token_bytes"], m["bandwidth"],
                            m["predicted_crossover"]):
         print(line)
+    probe = m["attention_probe"]
+    print(probe_line(probe["seconds"], fit, probe["context"], m["kv_token_bytes"]))
     print(f"\nat {m['levers_context']:,} cached tokens:")
-    for line in lever_lines({name: (v["bytes"], v["seconds"]) for name, v in m["levers"].items()},
-                            "kv_heads_own"):
+    for line in lever_table(m["levers"]):
         print(f"  {line}")
+    t = m["int8_kv_traffic"]
+    print(f"  the int8 cache stores {t['stored']:,.0f} B a token against {t['float']:,.0f}, but "
+          f"dequantizes every slot before attention: {t['moved']:,.0f} B moved a token a step")
     rows = []
     for name, value in ratios.items():
         h = headline("scale_long_context", name)
