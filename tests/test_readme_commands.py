@@ -41,7 +41,7 @@ RUN = {  # run as written; the folder is where (export-hf writes a relative path
     'python -m tinyserve generate --prompt "<|ticket|>Subject: ..." --temperature 0.8 --seed 1':
         "repo",
     "python -m tinyserve export-hf out/target": "tmp",
-    "python -m autograder check exercises/harbor_capacity/harbor_capacity.ipynb": "repo",
+    "python -m autograder check harbor_capacity": "repo",
 }
 
 

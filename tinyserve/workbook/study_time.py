@@ -10,7 +10,8 @@ notebooks when they change (a test holds them equal). The rule is deliberately s
   understood, goes slower, so we use 180;
 * **running**: :data:`MINUTES_PER_CODE_CELL` for every code cell, to run it and read its code
   and output (the cells themselves run in seconds to about two minutes per notebook); an
-  exercise's test cells are not counted, since they are run, not read;
+  exercise's test cells are not counted, since they are run, not read, nor is the install
+  cell tagged ``hosted-only`` (README, "On a hosted notebook");
 * **exercises**: for every autograded answer cell :data:`MINUTES_PER_ANSWER_CELL` plus
   :data:`MINUTES_PER_SOLUTION_LINE` per line of the reference solution (a one-line choice is
   quick, a function is not), and :data:`MINUTES_PER_WRITTEN_POINT` per point of every
@@ -80,6 +81,8 @@ def estimate(path: str | Path, start: str | None = None, stop: str | None = None
     words = code_cells = written_points = 0
     answer_minutes = 0.0
     for cell in section(nb.cells, start, stop):
+        if "hosted-only" in cell.get("metadata", {}).get("tags", []):
+            continue                           # the install cell: run once, on a hosted notebook
         grading = cell.get("metadata", {}).get("nbgrader", {})
         if grading.get("solution"):            # an answer: timed as exercise work, not read
             if grading.get("grade") and cell.cell_type == "markdown":
