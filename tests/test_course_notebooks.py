@@ -87,6 +87,28 @@ COURSE_MACHINE_ANSWERS = {
 }
 
 
+#: What a learner reads as failure in a chapter's stderr (issue 51): the profiler's native
+#: log, the debugger's frozen-modules warning, pip's or git's complaints, deprecation noise.
+NOISE = re.compile(r"^USDT:|Debugger warning|frozen modules|ERROR: pip's dependency resolver|"
+                   r"^fatal: |TypedStorage is deprecated", re.M)
+
+
+def stderr_noise(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
+    """(cell index, line) for every stderr line of ``nb``'s outputs that :data:`NOISE` matches."""
+    return [(i, line) for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+            for o in cell.outputs if o.output_type == "stream" and o.get("name") == "stderr"
+            for line in o.get("text", "").splitlines() if NOISE.search(line)]
+
+
+def test_the_noise_scan_finds_the_profilers_lines() -> None:
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=(
+        "USDT:2026-12-07 11:00:39 32705:32705 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+        "a real warning\n")), nbformat.v4.new_output("stream", name="stdout", text="USDT: fine\n")]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert [i for i, _ in stderr_noise(nb)] == [0] and "profiler_start" in stderr_noise(nb)[0][1]
+
+
 def _stream(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
@@ -125,6 +147,7 @@ def test_runs_top_to_bottom(path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     # (tinyserve.workbook.fast_lab), still for real; TINYSERVE_QUICK=0 runs them in full.
     monkeypatch.setenv("TINYSERVE_QUICK", os.environ.get("TINYSERVE_QUICK", "1"))
     nb = _run(path)
+    assert not stderr_noise(nb), f"{path.name}: stderr noise a learner reads as failure: {stderr_noise(nb)}"
     # Run headless, nobody commits a guess: every measurement holds its printout back, so
     # nothing of the answer shows before a commit (issue 27), and no verdict is printed.
     predictions = json.loads(_stream(nb.cells[-1]).split("PREDICTIONS ", 1)[1].splitlines()[0])

@@ -209,7 +209,8 @@ def test_a_held_measurement_shows_nothing_of_its_answer_before_a_commit(capsys) 
         print("one decode step: 3.25 ms")
         p.record(3.25)
     out = capsys.readouterr().out
-    assert out.strip() == Prediction.HELD and "3.25" not in out
+    assert out.strip() == f"{p.without_widgets()}\n{Prediction.HELD}" and "3.25" not in out
+    assert "`prediction.commit(YOUR_GUESS)`" in out      # no notebook variable names it here
     assert p.answer_text() == Prediction.HIDDEN and "3.25" not in p.answer_text()
     assert not p.shown() and capsys.readouterr().out.strip() == Prediction.HELD_PLOT
     assert p.commit(2)                          # committing reveals it in the widget's box...

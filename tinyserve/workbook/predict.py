@@ -158,8 +158,18 @@ class Prediction:
                 print("\n" + self.discussion)
         else:
             _close_figures_since(figures)
+            print(self.without_widgets())
             print(self.HELD)
         self._refresh()
+
+    def without_widgets(self) -> str:
+        """How to commit or skip in a front end that shows no widgets, naming this
+        prediction's variable in the notebook (``prediction`` when none names it)."""
+        import __main__
+        name = next((k for k, v in vars(__main__).items() if v is self and not k.startswith("_")),
+                    "prediction")
+        return (f"(No box above? A front end without widgets: run `{name}.commit(YOUR_GUESS)` "
+                f"or `{name}.skip()` in a cell, then this cell again.)")
 
     def shown(self) -> bool:
         """For a later cell that shows the answer another way (a plot): True once revealed;

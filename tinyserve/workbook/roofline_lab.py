@@ -16,12 +16,18 @@ rule every chapter's computed sentence follows (:func:`describe_regime` puts it 
 from dispatch);
 :func:`cache_bytes` is the cache a model must outgrow; :func:`prefill_cost` and
 :func:`prefill_seconds` put prefill on the roofline next to a decode step;
-:func:`plot_roofline` draws the roof with measured points on it.
+:func:`plot_roofline` draws the roof with measured points on it; :func:`quiet_profiler` keeps
+the PyTorch profiler's native log lines out of a chapter's output.
 """
 from __future__ import annotations
 
-import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+import math
+import os
+import sys
+import tempfile
 from typing import Any
 
 import torch
@@ -31,6 +37,28 @@ from ..config import ModelConfig
 from ..device import timings
 from ..roofline import DecodeCost, bounds_seconds, crossover_batch, parameter_count
 from .predict import parse_guess
+
+
+@contextmanager
+def quiet_profiler(drop: str = "USDT:") -> Iterator[None]:
+    """Around ``torch.profiler.profile``: the profiler's own native log lines (Kineto writes
+    ``USDT: ... profiler_start`` and ``profiler_stop`` to the process's stderr, which a
+    notebook shows in red) are dropped; any other native stderr line is passed on. Python's
+    own ``sys.stderr`` (warnings, tracebacks) is untouched."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(True)
+                    if not line.startswith(drop)]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,18 @@ class RooflineLab:
             return False
         self.committed, self.message = True, ""
         return True
+
+    #: What a later cell prints instead of drawing the answer (the bounds' crossing).
+    HELD_PLOT = ("The compute bound, and where it crosses the memory bound, is the answer to the "
+                 "prediction above: it is drawn once you commit a guess there (no widgets? run "
+                 "`{name}.set_guess(N)` and `{name}.commit()` in a cell), then run this cell again.")
+
+    def shown(self, name: str = "lab") -> bool:
+        """For a later cell that draws or prints the crossover: True once committed; before
+        that it prints :attr:`HELD_PLOT` and the cell leaves the answer out."""
+        if not self.committed:
+            print(self.HELD_PLOT.format(name=name))
+        return self.committed
 
     def revealed_text(self) -> str:
         if not self.committed:
