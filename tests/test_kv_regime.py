@@ -5,6 +5,7 @@ what its line says. Nothing here is timed: the suite's quick run checks the repo
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -218,3 +219,147 @@ def test_bench_scale_long_context_quick_writes_its_report(tmp_path: Path) -> Non
     assert m["contexts"][0] == kv_regime.SHORT and len(m["step_s"]) == len(m["contexts"])
     assert set(m["levers"]) == {"kv_heads_own", "int8_kv", "kv_heads_4", "kv_heads_1"}
     assert m["levers"]["int8_kv"]["kv_token_bytes"] < m["levers"]["kv_heads_own"]["kv_token_bytes"]
+    probe = m["attention_probe"]
+    assert probe["context"] == m["contexts"][-1] and probe["seconds"] > 0
+    assert m["int8_kv_traffic"]["moved"] > m["int8_kv_traffic"]["float"] \
+        > m["int8_kv_traffic"]["stored"]
+
+
+# ---------------------------------------------------------------- chapter 6b's section 9
+
+def test_the_levers_time_each_variant_and_count_its_bytes() -> None:
+    model = _tiny()
+    built = []
+
+    def build(kv: int) -> TinyLlama:
+        built.append(kv)
+        torch.manual_seed(0)
+        return TinyLlama(replace(TINY, num_key_value_heads=kv)).eval()
+
+    out = kv_regime.levers(model, 40, build, n=1, rounds=1)
+    # Multi-head (a KV head per query head) and multi-query twins, the model's own heads over
+    # the float and the int8 cache.
+    assert built == [TINY.num_attention_heads, 1]
+    assert set(out) == {"kv_heads_own", "int8_kv", "kv_heads_4", "kv_heads_1"}
+    for v in out.values():
+        assert v["seconds"] > 0 and v["bytes"] == v["weight_bytes"] + 40 * v["kv_token_bytes"]
+    assert out["kv_heads_own"]["kv_token_bytes"] == kv_bytes_per_token(TINY)
+    assert out["kv_heads_4"]["kv_token_bytes"] == 2 * out["kv_heads_own"]["kv_token_bytes"]
+    assert out["kv_heads_1"]["kv_token_bytes"] == out["kv_heads_own"]["kv_token_bytes"] / 2
+    assert out["int8_kv"]["kv_token_bytes"] == token_bytes_of(TINY, Int8KVCache)
+    assert out["int8_kv"]["cache"] == "Int8KVCache" and out["kv_heads_4"]["cache"] == "KVCache"
+    # The printed table: most KV heads first, the int8 cache last, each against the own step.
+    lines = kv_regime.lever_table(out)
+    assert [line.split(",")[0].strip() for line in lines] == \
+        ["4 KV heads", "2 KV heads", "1 KV head", "2 KV heads"]
+    assert "int8 cache" in lines[-1] and "1.00x the bytes" in lines[1] \
+        and "1.00x the time" in lines[1]
+
+
+def test_the_int8_cache_dequantizes_every_slot_before_attention_as_the_chapter_says() -> None:
+    """Chapter 6b's section 9 says our int8 cache stores fewer bytes but moves more: attention
+    gets float copies of every visible slot, not the int8 values. If attention ever reads the
+    int8 values itself, this fails and the chapter's prose (and int8_traffic) must change."""
+    cache = Int8KVCache(TINY, 1, 16)
+    fill_random(cache, 10)
+    k = torch.randn(1, TINY.num_key_value_heads, 1, TINY.head_dim)
+    keys, values, _ = cache.update(0, k, k.clone(), torch.tensor([[10]]))
+    assert keys.dtype == values.dtype == torch.float32 and keys.shape[2] == 11
+    t = kv_regime.int8_traffic(TINY)
+    assert t["stored"] == token_bytes_of(TINY, Int8KVCache) < t["float"] == kv_bytes_per_token(TINY)
+    # read the int8 values and scales, write a float copy, attention reads the copy
+    assert t["moved"] == t["stored"] + 2 * t["float"] > t["float"]
+
+
+def test_the_attention_probe_times_the_steps_attention_alone() -> None:
+    model = _tiny()
+    seconds = kv_regime.attention_seconds(model, 40, repeats=1)
+    assert seconds > 0
+    with pytest.raises(ValueError, match="do not fit the context window of 64"):
+        kv_regime.attention_seconds(model, 64)
+    fit = ContextFit(0.030, 1.0e-6)                   # a KV part of 40 ms at 40,000 tokens
+    line = kv_regime.probe_line(0.030, fit, 40_000, 10_000.0)
+    assert "30.0 ms" in line and "40.0 ms" in line and "75% of it" in line
+    assert "13.3 GB/s" in line                        # 400 MB of cache in 30 ms
+
+
+def test_the_plot_draws_the_steps_the_fit_the_floor_and_both_crossovers() -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    fit = ContextFit(0.030, 1.0e-6)
+    steps = {64: 0.030064, 20_000: 0.050, 40_000: 0.070}
+    kv_regime.plot_steps(ax, steps, fit, 400e6, 10_000.0, 20e9, 40_000)
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels == ["decode step (measured)", "fit: weights part + context x per-token part",
+                      "memory floor: (weights + KV bytes) / bandwidth", "crossover by bytes",
+                      "crossover measured (fit)"]
+    assert ax.get_lines()[4].get_xdata()[0] == pytest.approx(30_000)
+    assert ax.get_xlabel() and ax.get_ylabel()
+    plt.close(fig)
+
+
+def test_the_quick_plan_is_small_on_the_long_preset() -> None:
+    """Chapter 6b's quick mode (the chapter tests) times the crossover and twice it, one round
+    of two steps: its caches take at most three times the weights' memory at once, and the
+    full plan times both sides of the crossover."""
+    cfg = scale.scale_config("bandwidth-long", "cpu")
+    weights = scale.weight_bytes_of(cfg, 4)
+    crossover = kv_crossover_tokens(cfg, weights)
+    quick = kv_regime.contexts(crossover, kv_regime.QUICK)
+    assert sum(quick) * kv_bytes_per_token(cfg) <= 3.01 * weights
+    assert kv_regime.QUICK.n <= 2 and kv_regime.QUICK.rounds == kv_regime.QUICK.lever_rounds == 1
+    assert max(quick) < cfg.max_position_embeddings
+    full = kv_regime.contexts(crossover, kv_regime.FULL)
+    assert min(full[1:]) < crossover < max(full) < cfg.max_position_embeddings
+
+
+CHAPTER = Path(__file__).resolve().parents[1] / "course" / "06b_decode_roofline.ipynb"
+
+
+def _section_9() -> list:
+    import nbformat
+    from tinyserve.workbook.study_time import section
+    return section(nbformat.read(CHAPTER, as_version=4).cells, "## 9.")
+
+
+def test_the_chapter_predicts_the_crossover_before_it_measures_it() -> None:
+    cells = _section_9()
+    code = [c.source for c in cells if c.cell_type == "code"]
+    guess = next(i for i, s in enumerate(code) if "Prediction(" in s and ".ui()" in s)
+    measured = next(i for i, s in enumerate(code) if ".record(" in s)
+    assert guess < measured
+    # The measurement is held, records the fitted crossover, and runs the plan of the mode.
+    assert "crossover_guess.hold()" in code[measured] \
+        and "crossover_guess.record(fit.crossover)" in code[measured]
+    assert "kv_regime.plan(quick())" in code[measured] and "context_steps(" in code[measured]
+    # The probe's printout (the fit's two parts give the answer) waits for the guess too.
+    probe = next(s for s in code if "attention_seconds(" in s)
+    assert "crossover_guess.shown()" in probe and "regime_of(" in probe
+    assert any("kv_regime.levers(" in s for s in code)
+
+
+def test_the_chapter_quotes_no_measured_figure_and_says_what_int8_does() -> None:
+    text = "\n".join(c.source for c in _section_9() if c.cell_type == "markdown")
+    # No run's figure (a rate, a time, a crossover count, a ratio) in the prose: they print.
+    assert not re.search(r"\d+(\.\d+)?\s*(GB/s|ms)\b", text)
+    assert not re.search(r"\b\d{1,3},\d{3} tokens", text)
+    assert not re.search(r"\b0\.\d\dx?\b", text)
+    # The int8 cache's honesty: it dequantizes before attention and saves memory, not reads.
+    assert "dequantizes every" in text and "not reads" in text
+    assert "vLLM" in text and "SGLang" in text
+    assert "kernel-bound" in text and "on this machine" in text
+
+
+def test_the_suites_note_names_kernel_bound_only_when_attention_explains_the_kv_part() -> None:
+    from bench.suites.scale_long_context import _why
+    from tinyserve.workbook.roofline_lab import KERNEL_SHARE
+    m = {"fit": {"weights_rate": 12e9, "kv_rate": 4e9},
+         "attention_probe": {"context": 90_000, "seconds": 0.15, "kv_part_s": 0.16}}
+    assert _why("rates", m).endswith("kernel-bound (the one-query attention kernel, not the "
+                                     "memory, sets it)")
+    m["attention_probe"]["seconds"] = 0.16 * KERNEL_SHARE * 0.9
+    assert "not the kernel alone" in _why("rates", m) and "kernel-bound" not in _why("rates", m)
+    m["fit"]["kv_rate"] = 13e9                      # the cache read as fast as the weights
+    assert _why("rates", m) == "rates"
