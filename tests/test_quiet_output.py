@@ -85,3 +85,30 @@ def test_chapter_6b_draws_and_prints_the_crossover_only_once_committed() -> None
     for source in code[lab_at + 1:]:
         if "crossover()" in source or "compute bound (FLOPs / FLOP rate)" in source:
             assert "lab.shown()" in source or "lab.committed" in source, source[:300]
+
+
+def test_quick_mode_is_offered_only_where_it_changes_what_is_prepared(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tinyserve.workbook import fast_lab
+    monkeypatch.delenv(fast_lab.QUICK_ENV, raising=False)
+    assert fast_lab.mode_line(None) == ""                 # chapters 1 and 6b: one shape either way
+    offer = fast_lab.mode_line("rows")
+    assert "full mode" in offer and "`%env TINYSERVE_QUICK=1`" in offer and "1, 4 instead of" in offer
+    monkeypatch.setenv(fast_lab.QUICK_ENV, "1")
+    assert fast_lab.mode_line("k").startswith("quick mode (TINYSERVE_QUICK=1: k = 1 draft")
+    # in the chapters: only the cells whose shapes follow the mode say it
+    for path in sorted(COURSE.glob("*.ipynb")):
+        calls = [line for cell in json.loads(path.read_text())["cells"]
+                 for line in "".join(cell["source"]).splitlines() if "= prepare_for_chapter(" in line]
+        for call in calls:
+            follows = "FAST_ROWS[1:]" in call or "verify_set" in call
+            assert ("quick=" in call) is follows, f"{path.name}: {call}"
+
+
+def test_start_here_speaks_to_every_front_end() -> None:
+    text = "".join("".join(c["source"]) for c in json.loads((ROOT / "START_HERE.ipynb").read_text())["cells"]
+                   if c["cell_type"] == "markdown")
+    for said in ("*Run > Run All Cells*", "*Runtime > Run all*", "*Cell > Run All*",
+                 "`python -m autograder check NAME`", "`NAME.commit(YOUR_GUESS)`", "`NAME.skip()`",
+                 "install cell"):
+        assert said in text, said

@@ -30,9 +30,9 @@ from ..device import timings
 from ..model import TinyLlama
 from ..roofline import RowPoint, eager_step_seconds, per_token_seconds
 
-__all__ = ["FULL_K", "FULL_ROWS", "PROMPT", "QUICK_ENV", "QUICK_K", "QUICK_ROWS", "TOKENS",
-           "decode_shapes", "describe_shapes", "fast_pass_seconds", "fast_row_sweep",
-           "fast_step_seconds", "prepare_for_chapter", "quick", "rows", "spec_k",
+__all__ = ["FULL_K", "FULL_ROWS", "PROMPT", "QUICK_CHANGES", "QUICK_ENV", "QUICK_K", "QUICK_ROWS",
+           "TOKENS", "decode_shapes", "describe_shapes", "fast_pass_seconds", "fast_row_sweep",
+           "fast_step_seconds", "mode_line", "prepare_for_chapter", "quick", "rows", "spec_k",
            "spec_shapes"]
 
 #: The environment variable that asks for quick mode ("1").
@@ -89,9 +89,30 @@ def describe_shapes(shapes: Sequence[Shape]) -> str:
     return ", ".join(one(s) for s in shapes)
 
 
+#: What quick mode leaves out, by what it changes (:func:`prepare_for_chapter`'s ``quick``).
+QUICK_CHANGES = {
+    "rows": f"batch sizes {', '.join(map(str, QUICK_ROWS))} instead of "
+            f"{', '.join(map(str, FULL_ROWS))}",
+    "k": f"k = {QUICK_K} draft instead of {FULL_K}, so fewer verify passes",
+}
+
+
+def mode_line(quick_change: str | None) -> str:
+    """Which mode a chapter's preparation runs in, where quick mode changes what it prepares
+    (``quick_change``: a key of :data:`QUICK_CHANGES`); else nothing (no offer of a switch
+    that changes nothing). How to set it in a notebook: ``%env``."""
+    if quick_change is None:
+        return ""
+    change = QUICK_CHANGES[quick_change]
+    if quick():
+        return f"quick mode ({QUICK_ENV}=1: {change}); "
+    return (f"full mode (for {change}, put `%env {QUICK_ENV}=1` in a cell at the top and run "
+            f"all again); ")
+
+
 def prepare_for_chapter(model: TinyLlama, shapes: Sequence[Shape], name: str = "model",
-                        *, only: Iterable[int] | None = None,
-                        progress: bool = True) -> list[ShapeCost]:
+                        *, only: Iterable[int] | None = None, progress: bool = True,
+                        quick: str | None = None) -> list[ShapeCost]:
     """Compile ``shapes`` of ``model`` on the fast path before a chapter times them
     (:func:`tinyserve.generate.prepare`: a progress bar, a line per compiled function),
     saying first which mode the chapter runs in and what it prepares, and after it what that
@@ -100,20 +121,21 @@ def prepare_for_chapter(model: TinyLlama, shapes: Sequence[Shape], name: str = "
 
     ``only``: of the pass shapes (speculation's), compile just these widths now, so a chapter
     can split one set over cells, each within a notebook runner's per-cell time limit; the
-    loops find every width held once all are prepared. (On CUDA a set is captured whole.)"""
+    loops find every width held once all are prepared. (On CUDA a set is captured whole.)
+    ``quick``: what quick mode changes in these shapes (a key of :data:`QUICK_CHANGES`),
+    for the line that names the mode; None where it changes nothing (the mode goes unsaid)."""
     from ..generate import prepare
-    mode = (f"quick mode ({QUICK_ENV}=1: fewer shapes)" if quick()
-            else f"full mode (set {QUICK_ENV}=1 for fewer shapes)")
+    mode = mode_line(quick)
     widths = None if only is None else sorted(set(only))
     if widths is not None and not any(w in s.widths for s in shapes for w in widths):
         # a chapter splits a pass set over cells sized for full mode; a smaller k leaves a
         # cell with no width of its own
-        print(f"fast path, {mode}: {name}: nothing left to prepare in this cell "
+        print(f"fast path, {mode}{name}: nothing left to prepare in this cell "
               f"({describe_shapes(shapes)}, prepared above)", flush=True)
         return []
     what = describe_shapes(shapes) + ("" if widths is None else
                                       f" (now the widths {', '.join(map(str, widths))})")
-    print(f"fast path, {mode}: {name}, window {TOKENS}: {what}", flush=True)
+    print(f"fast path, {mode}{name}, window {TOKENS}: {what}", flush=True)
     start = time.perf_counter()
     if widths is None or model.device.type == "cuda":
         costs = prepare(model, shapes, progress=progress)
