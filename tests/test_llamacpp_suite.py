@@ -11,7 +11,7 @@ from bench.headlines import BY_SUITE
 from bench.suites import llamacpp
 
 RATIOS = ("scale_fast_vs_llamacpp_f32_decode", "scale_int8_vs_llamacpp_q8_decode",
-          "scale_int8_agreement_vs_llamacpp_q8", "scale_prefill_vs_llamacpp_f32")
+          "scale_prefill_vs_llamacpp_f32")
 
 
 def test_agreement_counts_leading_tokens_only() -> None:
@@ -35,35 +35,29 @@ def _times() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
 
 def test_ratios_are_ours_over_theirs_median_of_same_round_pairs() -> None:
     decode, prefill = _times()
-    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 30, "int8_rowwise": 20,
-                                                       "llamacpp_q8_0": 40, "llamacpp_f32": 128})
+    ratios = llamacpp.compute_ratios(decode, prefill)
     assert set(RATIOS) <= set(ratios)
     assert ratios["scale_fast_vs_llamacpp_f32_decode"] == pytest.approx(0.9)   # 0.8 0.9 3.0
     assert ratios["scale_int8_vs_llamacpp_q8_decode"] == pytest.approx(1.25)   # 1.25 1 2.5
     assert ratios["scale_prefill_vs_llamacpp_f32"] == pytest.approx(1.0)       # 2 0.5 1
     # the goal's prefill is the fast path's; plain eager's beside it
     assert ratios["scale_eager_prefill_vs_llamacpp_f32"] == pytest.approx(2.0)  # 4 1 2
-    assert ratios["scale_int8_agreement_vs_llamacpp_q8"] == pytest.approx(0.75)
     # the per-row fbgemm model beside it, under its own names
     assert ratios["scale_int8_rowwise_vs_llamacpp_q8_decode"] == pytest.approx(1.0)  # 1 .8 2
-    assert ratios["scale_int8_rowwise_agreement_vs_llamacpp_q8"] == pytest.approx(0.5)
     assert ratios["scale_int8_rowwise_prefill_vs_llamacpp_q8"] == pytest.approx(0.5)
     assert llamacpp.median_pair_ratio([1.0, 3.0], [1.0, 1.0]) == 2.0           # even: the mean
-    # q8_0 kept nothing: no ratio to divide out (the counts stay in the report)
-    none = llamacpp.compute_ratios(decode, prefill, {"int8": 3, "int8_rowwise": 2,
-                                                     "llamacpp_q8_0": 0})
-    assert not [name for name in none if "agreement" in name]
+    # issue 52 (M5): the scale model's tokens kept count near-ties on random weights, so no
+    # agreement ratio is taken from them (quality is bench trained_quality's)
+    assert not [name for name in ratios if "agreement" in name]
 
 
-def test_the_ledger_declares_the_four_ratios_with_goals() -> None:
+def test_the_ledger_declares_the_three_ratios_with_goals() -> None:
     entry = BY_SUITE["llamacpp"]
     assert [h.name for h in entry.headlines] == list(RATIOS)
     assert all(h.goal is not None for h in entry.headlines)
     goals = {h.name: h.goal for h in entry.headlines}
     assert goals["scale_fast_vs_llamacpp_f32_decode"].met(0.9)
     assert not goals["scale_fast_vs_llamacpp_f32_decode"].met(0.91)
-    assert goals["scale_int8_agreement_vs_llamacpp_q8"].met(1.0)
-    assert not goals["scale_int8_agreement_vs_llamacpp_q8"].met(0.9)
     assert "bench/suites/llamacpp.py" in entry.sources
     assert "tinyserve/hf_export.py" in entry.sources
 
@@ -71,14 +65,11 @@ def test_the_ledger_declares_the_four_ratios_with_goals() -> None:
 def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
     decode, prefill = _times()
     kept = {"int8": 30, "int8_rowwise": 20, "llamacpp_q8_0": 40, "llamacpp_f32": 128}
-    ratios = llamacpp.compute_ratios(decode, prefill, kept)
+    ratios = llamacpp.compute_ratios(decode, prefill)
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": kept, "possible": 128}}
     notes = llamacpp.explain(ratios, m, [1.8, 2.1])
-    assert set(notes) == {"scale_int8_vs_llamacpp_q8_decode",
-                          "scale_int8_agreement_vs_llamacpp_q8", "load"}
-    assert "kept 30 leading ones" in notes["scale_int8_agreement_vs_llamacpp_q8"]
-    assert "per-row fbgemm W8A8 20" in notes["scale_int8_agreement_vs_llamacpp_q8"]
+    assert set(notes) == {"scale_int8_vs_llamacpp_q8_decode", "load"}   # no tokens-kept note
     assert "not a quiet machine" in notes["load"]
     assert "load" not in llamacpp.explain(ratios, m, [0.2, 0.4])
     # after the run the average holds the run's own thread: not someone else's work
@@ -89,8 +80,7 @@ def test_notes_explain_missed_goals_and_a_busy_machine() -> None:
 
 def test_a_missed_decode_goal_names_each_sides_read_rate() -> None:
     decode, prefill = _times()
-    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
-                                                       "llamacpp_q8_0": 40, "llamacpp_f32": 128})
+    ratios = llamacpp.compute_ratios(decode, prefill)
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
          "weight_bytes": {"fp32": 4 * 10**9 * min(decode["fast"]),           # 4 GB/s
@@ -109,8 +99,7 @@ def test_a_missed_decode_goal_names_each_sides_read_rate() -> None:
 def test_a_missed_fp32_decode_goal_holds_both_against_the_memory_not_our_own_step() -> None:
     decode, prefill = _times()
     decode["fast"] = [20.0, 20.0, 20.0]                      # 2x llama.cpp f32's 10
-    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
-                                                       "llamacpp_q8_0": 40})
+    ratios = llamacpp.compute_ratios(decode, prefill)
     size = 8 * 10**10                                        # both read it: 4 and 8 GB/s
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
@@ -124,8 +113,7 @@ def test_a_missed_fp32_decode_goal_holds_both_against_the_memory_not_our_own_ste
     assert "streams better on this core" in note
     decode["fast"] = [10.5, 10.5, 10.5]                      # 7.6 GB/s against 8.0: both near
     m["read_probe_bytes_per_s"] = [8.2e9]                    # the memory (0.93 and 0.98 of it)
-    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
-                                                       "llamacpp_q8_0": 40})
+    ratios = llamacpp.compute_ratios(decode, prefill)
     note = llamacpp.explain(ratios, m, [0.1, 0.1])["scale_fast_vs_llamacpp_f32_decode"]
     assert "at about the memory's rate" in note and "asks for more than the memory gives" in note
 
@@ -149,8 +137,7 @@ def test_prefill_flops_count_the_matmuls_run_one_head_row_and_causal_attention()
 def test_a_missed_prefill_goal_names_each_sides_flop_rate_beside_torchs_kernels() -> None:
     decode, prefill = _times()
     prefill["fast"] = [2.0, 5.0, 1.5]            # against 1, 4, 2: 2.0, 1.25, 0.75
-    ratios = llamacpp.compute_ratios(decode, prefill, {"int8": 40, "int8_rowwise": 20,
-                                                       "llamacpp_q8_0": 40})
+    ratios = llamacpp.compute_ratios(decode, prefill)
     assert ratios["scale_prefill_vs_llamacpp_f32"] == pytest.approx(1.25)
     m = {"decode_s": decode, "prefill_s": prefill,
          "tokens": {"leading_tokens_kept": {"int8": 40, "llamacpp_q8_0": 40}, "possible": 128},
@@ -209,3 +196,25 @@ def test_llamacpp_runs_at_its_defaults_unless_this_host_has_amx() -> None:
     assert "20824" in reason
     assert llamacpp.extra_buffers_text(None).startswith("on (llama.cpp's default")
     assert llamacpp.extra_buffers_text(reason) == reason
+
+
+def test_the_converters_log_gives_each_tensors_type() -> None:
+    # conversion/base.py logs one line per tensor, after its F16 fallback for a row that
+    # q8_0's block of 32 does not divide (the trained target's down_proj: 688 inputs)
+    log = ("INFO:hf-to-gguf:blk.0.ffn_down.weight,       torch.float32 --> F16, shape = {688, 256}\n"
+           "WARNING:hf-to-gguf:Quantized tensor row size (688) is not a multiple of Q8_0 ..., "
+           "falling back to F16\n"
+           "INFO:hf-to-gguf:blk.0.ffn_up.weight,         torch.float32 --> Q8_0, shape = {256, 688}\n"
+           "INFO:hf-to-gguf:output_norm.weight,          torch.float32 --> F32, shape = {256}\n")
+    assert llamacpp.tensor_types(log) == {"blk.0.ffn_down.weight": "F16",
+                                          "blk.0.ffn_up.weight": "Q8_0",
+                                          "output_norm.weight": "F32"}
+    assert llamacpp.tensor_types("") == {}
+
+
+def test_without_the_peer_a_caller_that_goes_on_says_what_it_measured(
+        tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TINYSERVE_PEERS_DIR", str(tmp_path / "peers"))
+    message = llamacpp.missing("Ours were measured.")
+    assert "no venv at" in message and message.endswith("Ours were measured.")
+    assert "Nothing was measured" not in message

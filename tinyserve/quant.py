@@ -57,8 +57,8 @@ each row split into groups of ``group_size`` consecutive weights (along the inpu
 group quantized as a row is above, with a scale of its own. llama.cpp's q8_0 does this with
 32 (its block). An outlier then sets the step of its 31 neighbours only, where with one
 scale per row it coarsens all ``in_features`` weights of that output (which scheme keeps the
-trained target closer to fp32 is measured on the trained target, ``bench llamacpp``'s
-``quality_trained``: random weights have no outliers). Our scale is fp32, 4 bytes per group
+trained target closer to fp32, q8_0 among them, is measured there by ``bench trained_quality``:
+random weights have no outliers). Our scale is fp32, 4 bytes per group
 (a 36-byte block of 32, 1/8 byte a weight), where q8_0 stores an fp16 one (ggml's
 ``block_q8_0``: 2 + 32 = 34 bytes); and
 PyTorch's int8 CPU kernels take one scale per output (``_weight_int8pack_mm``, fbgemm's
