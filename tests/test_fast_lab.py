@@ -60,9 +60,10 @@ def test_prepare_for_chapter_says_the_mode_and_splits_a_pass_set(
     monkeypatch.setenv(fast_lab.QUICK_ENV, "1")
     model = sharp_model(TINY, seed=1)
     verify, _ = fast_lab.spec_shapes(2)
-    first = fast_lab.prepare_for_chapter(model, [verify], "tiny", only=[1], progress=False)
+    first = fast_lab.prepare_for_chapter(model, [verify], "tiny", only=[1], progress=False,
+                                         quick="k")       # as chapter 8's verify cells say
     out = capsys.readouterr().out
-    assert "quick mode" in out and "tiny, window 128" in out and "now the widths 1" in out
+    assert "quick mode (TINYSERVE_QUICK=1: k = 1 draft" in out and "tiny, window 128" in out and "now the widths 1" in out
     # the prefill's weights are packed with the first cell's widths, once
     assert [c.label for c in first] == ["pass width 1 x window 128", fast.PACK_LABEL]
     assert all(c.compiled for c in first)
@@ -79,7 +80,9 @@ def test_prepare_for_chapter_says_the_mode_and_splits_a_pass_set(
     assert [c.label for c in decode] == ["decode batch 1 x window 128", fast.PACK_LABEL]
     monkeypatch.setenv(fast_lab.QUICK_ENV, "0")
     fast_lab.prepare_for_chapter(model, fast_lab.decode_shapes([1]), progress=False)
-    assert "full mode" in capsys.readouterr().out
+    assert "mode" not in capsys.readouterr().out          # batch 1 is prepared in either mode
+    fast_lab.prepare_for_chapter(model, fast_lab.decode_shapes([1]), progress=False, quick="rows")
+    assert "full mode (for batch sizes 1, 4 instead of" in capsys.readouterr().out
 
 
 def test_the_timers_run_the_fast_paths_own_decoders_and_passes(traced: Path) -> None:
