@@ -3,6 +3,8 @@ during the single long call (tinyserve.backends.waits), tested with a fake clock
 from __future__ import annotations
 
 import io
+import json
+import os
 import time
 from pathlib import Path
 
@@ -98,3 +100,34 @@ def test_a_fast_step_says_its_estimate_and_keeps_its_time(tmp_path: Path,
     kept = CompileTimes(tmp_path).get(key)
     assert kept is not None and kept >= 0.05
     assert CompileTimes(tmp_path).estimate(key)[1].startswith("its last compile here")
+
+
+def test_the_compiled_decoder_keeps_its_kernels_and_time_in_the_folder_it_is_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """The loops hand the compiled step the cache folder (TINYSERVE_CACHE_DIR, or the
+    checkout's .cache/): inductor's kernels and the compile's time go there, and the next
+    decoder of that shape, in this process or a new one, says how long it took last time."""
+    from tinyserve.backends.compiled import CompiledDecoder
+    from tinyserve.checkpoint import load_model
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(CompileTimes, "latest", None)
+    model = load_model("draft", device="cpu")
+
+    def decoder() -> CompiledDecoder:
+        made = CompiledDecoder(model, 1, window=64, cache=tmp_path)
+        eager = made._forward
+        made._step = lambda tokens, positions: (time.sleep(0.05), eager(tokens, positions))[1]
+        return made                                  # the compile itself stood in by a sleep
+
+    first = decoder()
+    with waits.shown(True):
+        first.step(torch.tensor([3]), torch.tensor([0]))
+    kernels = tmp_path / "inductor" / fast.INDUCTOR_FOLDER
+    assert Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) == kernels
+    assert "compiling the decode step (1 rows, window 64): the first compile" in capsys.readouterr().out
+    kept = json.loads((kernels / waits.COMPILE_TIMES_FILE).read_text())
+    assert len(kept) == 1 and list(kept.values())[0] >= 0.05
+    monkeypatch.setattr(CompileTimes, "latest", None)               # as a new process
+    with waits.shown(True):
+        decoder().step(torch.tensor([3]), torch.tensor([0]))
+    assert "about 0 s on this machine (its last compile here" in capsys.readouterr().out
