@@ -66,15 +66,20 @@ def test_before_it_starts_it_says_what_and_about_how_long() -> None:
 
 def test_the_measurement_is_kept_for_the_next_estimate(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CompileTimes, "latest", None)
+    monkeypatch.setattr(CompileTimes, "latest", {})
     times = CompileTimes(tmp_path)
-    assert times.estimate("k") == (None, "")
-    times.put("first", 30.0)
-    assert times.estimate("k") == (30.0, "from the last compile in this run")
-    times.put("k", 12.5)
-    assert CompileTimes(tmp_path).estimate("k")[0] == 12.5             # a new process reads it
+    key = "cpu X | 2 threads | hidden {} | decode {} rows | recipe r".format
+    assert times.estimate(key(256, 1)) == (None, "")
+    times.put(key(256, 1), 30.0)
+    assert times.estimate(key(256, 4)) == (30.0, "this model's last compile in this run")
+    assert times.estimate(key(2048, 1)) == (None, "")          # another model's time says little
+    times.put(key(256, 4), 12.5)
+    monkeypatch.setattr(CompileTimes, "latest", {})                     # a new process
+    assert CompileTimes(tmp_path).estimate(key(256, 4))[0] == 12.5      # reads it
+    assert CompileTimes(tmp_path).estimate(key(256, 8)) == \
+        (30.0, "this model's longest kept compile of another shape")
     (tmp_path / waits.COMPILE_TIMES_FILE).write_text("not json")
-    assert CompileTimes(tmp_path).get("k") is None                      # unreadable: no estimate
+    assert CompileTimes(tmp_path).get(key(256, 4)) is None              # unreadable: no estimate
 
 
 def test_a_fast_step_says_its_estimate_and_keeps_its_time(tmp_path: Path,
@@ -83,7 +88,7 @@ def test_a_fast_step_says_its_estimate_and_keeps_its_time(tmp_path: Path,
     from tinyserve.checkpoint import load_model
     model = load_model("draft", device="cpu")
     monkeypatch.setattr(fast.toolchain, "ready", lambda device: True)
-    monkeypatch.setattr(CompileTimes, "latest", None)
+    monkeypatch.setattr(CompileTimes, "latest", {})
     compiles: list[int] = []
 
     def compiled() -> torch.Tensor:
@@ -110,7 +115,7 @@ def test_the_compiled_decoder_keeps_its_kernels_and_time_in_the_folder_it_is_giv
     from tinyserve.backends.compiled import CompiledDecoder
     from tinyserve.checkpoint import load_model
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.setattr(CompileTimes, "latest", None)
+    monkeypatch.setattr(CompileTimes, "latest", {})
     model = load_model("draft", device="cpu")
 
     def decoder() -> CompiledDecoder:
@@ -127,7 +132,7 @@ def test_the_compiled_decoder_keeps_its_kernels_and_time_in_the_folder_it_is_giv
     assert "compiling the decode step (1 rows, window 64): the first compile" in capsys.readouterr().out
     kept = json.loads((kernels / waits.COMPILE_TIMES_FILE).read_text())
     assert len(kept) == 1 and list(kept.values())[0] >= 0.05
-    monkeypatch.setattr(CompileTimes, "latest", None)               # as a new process
+    monkeypatch.setattr(CompileTimes, "latest", {})               # as a new process
     with waits.shown(True):
         decoder().step(torch.tensor([3]), torch.tensor([0]))
     assert "about 0 s on this machine (its last compile here" in capsys.readouterr().out

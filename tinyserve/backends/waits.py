@@ -23,7 +23,7 @@ import time
 from typing import Any, TextIO
 
 __all__ = ["COMPILE_TIMES_FILE", "CompileTimes", "Wait", "estimate_line", "in_notebook",
-           "shown", "waiting"]
+           "model_of", "shown", "waiting"]
 
 #: The file, in the cache folder, that keeps how long each compile took on this machine.
 COMPILE_TIMES_FILE = "compile_seconds.json"
@@ -66,9 +66,11 @@ class CompileTimes:
             return {}
         return kept if isinstance(kept, dict) else {}
 
-    #: The last compile measured in this process: the estimate for the next one when none
-    #: of its kind is kept (a chapter's later shapes, from its first).
-    latest: float | None = None
+    #: The last compile measured in this process, per model (:func:`model_of` its key): the
+    #: estimate for the model's next shape when that shape's own time is not kept (a
+    #: chapter's later shapes, from its first). Another model's time says little: a small
+    #: model compiles in seconds where the scale model takes minutes.
+    latest: dict[str, float] = {}
 
     def get(self, key: str) -> float | None:
         value = self._read().get(key)
@@ -79,12 +81,17 @@ class CompileTimes:
         kept = self.get(key)
         if kept is not None:
             return kept, "its last compile here, kept in the cache folder; less if its kernels are kept too"
-        if CompileTimes.latest is not None:
-            return CompileTimes.latest, "from the last compile in this run"
+        model = model_of(key)
+        if model in CompileTimes.latest:
+            return CompileTimes.latest[model], "this model's last compile in this run"
+        same = [float(v) for k, v in self._read().items()
+                if model_of(k) == model and isinstance(v, (int, float)) and v > 0]
+        if same:
+            return max(same), "this model's longest kept compile of another shape"
         return None, ""
 
     def put(self, key: str, seconds: float) -> None:
-        CompileTimes.latest = float(seconds)
+        CompileTimes.latest = {**CompileTimes.latest, model_of(key): float(seconds)}
         if self.path is None:
             return
         try:
@@ -96,6 +103,13 @@ class CompileTimes:
             os.replace(scratch, self.path)
         except OSError:
             pass
+
+
+def model_of(key: str) -> str:
+    """The machine and model part of a compile's key (:func:`~tinyserve.backends.choices.
+    shape_key`: processor | threads | model shape | step | recipe): all but the step's."""
+    parts = key.split(" | ")
+    return " | ".join(parts[:3] + parts[4:]) if len(parts) == 5 else key
 
 
 def estimate_line(what: str, estimate: float | None, source: str) -> str:
