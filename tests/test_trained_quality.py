@@ -115,6 +115,15 @@ def test_ratios_set_ours_against_fp32_and_against_q8_0_where_it_ran() -> None:
     assert set(none) == {"trained_int8_agreement_vs_fp32"}          # nothing to divide by
 
 
+def test_llamacpps_f32_must_reproduce_ours_before_q8_0_is_compared() -> None:
+    tq.check_f32({"int8_q8_layout": _q(0.99, 0.01)})                    # no llama.cpp: nothing
+    tq.check_f32({"llamacpp_f32": _q(1.0, 0.0002, 1000)})               # float rounding: fine
+    with pytest.raises(RuntimeError, match="the export or the conversion is wrong"):
+        tq.check_f32({"llamacpp_f32": _q(0.9, 0.05, 900)})
+    with pytest.raises(RuntimeError, match="top-1 kept 900 of 1000"):
+        tq.check_f32({"llamacpp_f32": _q(0.9, float("nan"), 900)})     # NaN logits stop too
+
+
 def test_notes_explain_a_missed_goal_and_an_absent_q8_0() -> None:
     quality_ = {"int8_q8_layout": _q(0.97, 0.02, 970), "llamacpp_q8_0": _q(0.98, 0.03, 980),
                 "llamacpp_f32": _q(1.0, 0.0, 1000)}
