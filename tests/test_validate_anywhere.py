@@ -90,6 +90,23 @@ def test_the_kernel_is_told_to_keep_the_debuggers_warning_quiet() -> None:
     assert env["PYDEVD_DISABLE_FILE_VALIDATION"] == "1" and env["PATH"] == os.environ["PATH"]
 
 
+def test_the_checking_process_keeps_it_quiet_before_it_looks_for_the_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On ipykernel 6 (a hosted service's stack) the kernel spec's lookup imports ipykernel,
+    and with it debugpy, in the checking process itself: the warning came from this side."""
+    from autograder.pipeline import check
+    monkeypatch.delenv("PYDEVD_DISABLE_FILE_VALIDATION", raising=False)
+    seen: list = []
+
+    def run_notebook(*args, **kwargs):
+        seen.append(os.environ.get("PYDEVD_DISABLE_FILE_VALIDATION"))
+        raise KeyboardInterrupt                       # stop before any kernel starts
+    monkeypatch.setattr(check, "run_notebook", run_notebook)
+    with pytest.raises(KeyboardInterrupt):
+        check.self_check(ROOT / "exercises" / EXERCISE / f"{EXERCISE}.ipynb", write=lambda _: None)
+    assert seen == ["1"]
+
+
 def with_setup_cell(folder: Path) -> Path:
     """A copy of the exercise in ``folder``, with the setup cell first, as a learner on a
     hosted notebook pastes it."""

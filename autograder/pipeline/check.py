@@ -28,6 +28,9 @@ from autograder.pipeline.worker import apply_results, grading_plan, score_cells
 def self_check(path: Path | str, *, cell_timeout: float = 120, total_timeout: float = 1200,
                write=print) -> int:
     """Print per-test results; return 0 when every autograded test passed, 1 otherwise."""
+    # This process too: on an older stack (ipykernel 6) finding the kernel's spec imports
+    # ipykernel and its debugpy here, which prints the same warning from this side.
+    os.environ.setdefault(QUIET_DEBUGGER, "1")
     from jupyter_client import AsyncKernelManager
 
     found = find_notebook(str(path))
@@ -75,11 +78,15 @@ def self_check(path: Path | str, *, cell_timeout: float = 120, total_timeout: fl
     return 0 if all(t["passed"] for t in auto) else 1
 
 
+#: Set to "1", debugpy keeps its warning about Python 3.11's frozen modules to itself.
+QUIET_DEBUGGER = "PYDEVD_DISABLE_FILE_VALIDATION"
+
+
 def kernel_env() -> dict[str, str]:
     """The kernel's environment: this one, with the debugger's warning about Python 3.11's
     frozen modules silenced (ipykernel's debugpy prints it at every start, and it reads as a
     failure; the kernel runs no debugger here)."""
-    return {**os.environ, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    return {**os.environ, QUIET_DEBUGGER: "1"}
 
 
 def find_notebook(spec: str, here: Path | None = None) -> Path | str:
