@@ -4,8 +4,10 @@
 mistake it matches. At grading (and Validate) a build assignment's kernel holds no reference
 (``autograder.runner.publish``): these helpers run on the trusted side only. ``with_pieces`` runs a
 learner's function with the earlier pieces bound to lent stand-ins of the reference pieces
-below; ``changed_inputs``, ``called_with`` and ``storage`` read what the call itself answers
-(its arguments after it, where an object's tensors live). ``check_own`` holds a piece to being
+below; ``called_with`` and ``changed_inputs`` call a piece twice on the very same arguments
+(what it did to them shows in its second answer) and ``storage`` keeps an object's tensors for
+a later read of their contents: every verdict rests on answers and on what the tests' side
+observed, never on the kernel's account of the learner's code. ``check_own`` holds a piece to being
 the learner's own PyTorch: where the kernel holds no reference, the submitted source is read
 for review and only a name the exercise bans costs the piece; in a plain run of the notebook,
 where tinyserve is importable, it looks twice:
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from autograder.kernel.agent import code_globals
 from autograder.kernel_helpers import trusted_runner as _trusted_runner
 from autograder.testkit import check
 
@@ -137,7 +140,7 @@ class _Unavailable(types.ModuleType):
 def error_without_reference(fn: object, call) -> BaseException | None:
     """Run ``call()`` with tinyserve hidden from ``fn``'s notebook; the error it raised, or
     None. Everything is put back however the call ends."""
-    scope = getattr(getattr(fn, "func", fn), "__globals__", None)
+    scope = code_globals(fn)
     scope = scope if isinstance(scope, dict) else {}
     modules = {k: v for k, v in sys.modules.items() if k.split(".")[0] == _REFERENCE}
     names = {k: v for k, v in list(scope.items()) if _is_reference(v)}
@@ -224,53 +227,67 @@ def with_pieces(fn: object, pieces: dict, args: tuple | list, count: str | None 
     return result, (counter.sizes if counter is not None else [])
 
 
-def called_with(fn: object, *args) -> tuple[object, list]:
-    """``fn(*args)`` and its arguments as the call left them (a piece that changes the lists
-    it is given shows it, at grading as in a plain run of the notebook)."""
+def called_with(fn: object, *args) -> tuple[object, object]:
+    """(the first answer, the second answer) of ``fn`` called twice on the very same argument
+    objects, in one request at grading: a piece that changes the lists or tensors it is given
+    answers the second call differently (the answers show it, compared here; the kernel is
+    never asked what became of the arguments, which would be its own account)."""
     runner = _trusted_runner()
     if runner is None:
-        return fn(*args), list(args)  # type: ignore[operator]
-    result, after = runner.channel.call_with(fn, list(args), args_back=True)
-    return result, (after if type(after) is list else [])
+        return fn(*args), fn(*args)  # type: ignore[operator]
+    got = runner.channel.call_with(fn, list(args), repeat=2)
+    return got[0], got[1]
+
+
+def same_answer(a: object, b: object) -> bool:
+    """Two answers of the same call are the same: tensors equal in shape, dtype and values
+    (NaN never the same), lists and tuples item by item, anything else by ==."""
+    if type(a) is _Tensor or type(b) is _Tensor:
+        return type(a) is type(b) is _Tensor and a.shape == b.shape and a.dtype == b.dtype \
+            and bool(_isfinite(a.float()).all()) and bool(torch.equal(a, b.to(a.device)))
+    if type(a) in (list, tuple) or type(b) in (list, tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same_answer, a, b))
+    return type(a) is type(b) and a == b
 
 
 def changed_inputs(fn: object, *args) -> list[int]:
-    """Which tensor arguments ``fn(*args)`` changed in place: at grading, read from the
-    arguments as the call left them, which the kernel sends back with the result (the call's
-    own behaviour, like its result); elsewhere by comparing with copies."""
-    runner = _trusted_runner()
-    if runner is None:
-        before = [a.clone() if isinstance(a, torch.Tensor) else None for a in args]
-        fn(*args)  # type: ignore[operator]
-        return [i for i, (a, b) in enumerate(zip(args, before))
-                if b is not None and not torch.equal(a, b)]
-    _, after = runner.channel.call_with(fn, list(args), args_back=True)
-    if type(after) is not list or len(after) != len(args):
-        return list(range(len(args)))
-    return [i for i, (a, b) in enumerate(zip(args, after)) if isinstance(a, torch.Tensor)
-            and not (type(b) is _Tensor and b.shape == a.shape
-                     and torch.equal(b.to(a.device), a))]
+    """Which tensor arguments ``fn(*args)`` may have changed in place, read from its answers:
+    called twice on the very same arguments (``called_with``), a piece that changes one
+    answers differently, and every tensor argument is listed (which one is not observed);
+    empty when both answers are the same. Inputs where an in-place change shows in the
+    answer are the test's to choose (rms_norm: vectors small enough for eps to matter)."""
+    first, second = called_with(fn, *args)
+    if same_answer(first, second):
+        return []
+    return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
 
-_REPORTED: list = []   # tensors whose address storage() reported, kept alive
+class Held:
+    """Tensors of a learner's object kept as they were when ``storage`` was called (a cache's
+    ``k`` and ``v`` right after ``__init__``): ``contents()`` reads them again later. A cache
+    written in place holds its writes in those very tensors; one that copies on every write
+    leaves them as they were. At grading the kernel keeps them and answers their contents
+    (data, judged like any answer: nothing about where they live is asked)."""
+
+    def __init__(self, tensors: list | None = None, number: int | None = None) -> None:
+        self._tensors, self._number = tensors, number
+
+    def contents(self) -> list:
+        if self._tensors is not None:
+            return [t.clone() if isinstance(t, torch.Tensor) else None for t in self._tensors]
+        runner = _trusted_runner()
+        got = runner.channel.request("held", number=self._number) if runner is not None else None
+        return [t if type(t) is _Tensor else None for t in got] if type(got) is list else []
 
 
-def storage(obj: object, names: tuple[str, ...] = ("k", "v")) -> list:
-    """[dtype name, data pointer] of each tensor attribute of the learner's object (None where
-    it is not a tensor): a cache written in place keeps its pointers from one write to the
-    next. At grading the kernel reports it about its own object, as it reports an attribute."""
+def storage(obj: object, names: tuple[str, ...] = ("k", "v")) -> Held:
+    """``obj``'s tensor attributes ``names`` as they are now, kept for a later read
+    (``Held.contents``). At grading the learner's object stays in the kernel, which keeps them."""
     runner = _trusted_runner()
     if runner is None or not getattr(type(obj), "_autograder_remote", False):
-        tensors = [getattr(obj, n, None) for n in names]
-        # Held, as the kernel's agent holds them: a tensor freed after its address was taken
-        # lets the allocator hand that address to a copy, and a cache copied at every write
-        # would then look written in place.
-        _REPORTED.extend(t for t in tensors if isinstance(t, torch.Tensor))
-        return [[str(t.dtype), int(t.data_ptr())] if isinstance(t, torch.Tensor) else None
-                for t in tensors]
-    got = runner.channel.request("storage", ref=object.__getattribute__(obj, "_ref"),
-                                 names=list(names))
-    return got if type(got) is list else [None] * len(names)
+        return Held(tensors=[getattr(obj, n, None) for n in names])
+    number = runner.channel.request("hold", ref=object.__getattribute__(obj, "_ref"), names=list(names))
+    return Held(number=number if type(number) is int else -1)
 
 
 def check_own(problems: object, piece: str) -> None:
@@ -600,9 +617,9 @@ def call_with_pieces(fn: object, pieces: dict, args: tuple | list,
     size, ``len`` of its first argument, of each): returns (the result, those sizes); at
     grading those are the kernel's word, so a test that must not be forged lends instead.
     Runs in the learner's kernel; a trusted runner sends only names, so no test code crosses."""
-    scope = getattr(getattr(fn, "func", fn), "__globals__", None)
+    scope = code_globals(fn)
     if not isinstance(scope, dict):
-        raise TypeError("expected a function defined in the notebook")
+        raise TypeError("expected a function (or a callable object) defined in the notebook")
     batches: list[int] = []
     bound = {name: _reference_piece(spec, scope) for name, spec in dict(pieces).items()}
     bound.update({str(name): obj for name, obj in dict(lent or {}).items()})

@@ -77,6 +77,13 @@ MISTAKES = [
     ("test_pad_left", PAD.format(**dict(GOOD_PAD, row="list(p) + [pad_id] * (T - len(p))")), "right padding"),
     ("test_pad_left", PAD.format(**dict(GOOD_PAD, positions="torch.arange(T, device=device).expand(len(prompts), T)")),
      "positions counted from the padded start"),
+    # Issue 53 (8): the width from the first prompt, not the longest; `real` read from the ids
+    # (a real token equal to the pad id then reads as padding). Validate names both.
+    ("test_pad_left", PAD.format(**GOOD_PAD).replace("T = max(len(p) for p in prompts)", "T = len(prompts[0])"),
+     "the width is the LONGEST prompt's length"),
+    ("test_pad_left", PAD.format(**GOOD_PAD).replace(
+        "real = torch.tensor([[False] * (T - len(p)) + [True] * len(p) for p in prompts], device=device)",
+        "real = ids != pad_id"), "real is read from the ids"),
     ("test_padded_mask",
      "def padded_mask(real):\n"
      "    T = real.shape[1]\n"

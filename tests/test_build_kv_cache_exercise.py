@@ -126,6 +126,17 @@ GENERATE_UNSTOPPED = ("def generate_cached(prompt_ids, n, weights, cfg, cache):\
                       "        logits = decode_step(new[-1], weights, cfg, cache)")
 # Key positions read before the write: the cache's length is the old one, so the mask does not
 # fit the keys (the slip raises). Parts 4 and 5 keep their points: judged on the reference.
+# Issue 53 (8): the keys' positions taken from the queries' (`positions`): right in a prefill
+# and a single-token step, wrong for several new tokens after cached ones.
+FORWARD_QUERY_POSITIONS = (
+    "def forward_cached(ids, positions, weights, cfg, cache):\n"
+    "    x = embed(ids, weights)\n"
+    "    for i in range(cfg['num_hidden_layers']):\n"
+    "        w = layer_weights(weights, i)\n"
+    "        q, k, v = layer_qkv(x, positions, w, cfg)\n"
+    "        keys, values = cache.write(i, k, v, positions)\n"
+    "        x = layer_out(x, attention(q, keys, values, positions, positions), w, cfg)\n"
+    "    return logits_of(x, weights, cfg)")
 FORWARD_EARLY_POSITIONS = (
     "def forward_cached(ids, positions, weights, cfg, cache):\n"
     "    x = embed(ids, weights)\n"
@@ -155,7 +166,8 @@ MISTAKES = [
     ("test_generate_cached", "def decode_step(token, weights, cfg, cache):\n"
                              "    return torch.full((cfg['vocab_size'],), float('nan'))", None),
     ("test_cache_write", CACHE_GROWN, "nothing was written into cache.k"),
-    ("test_cache_write", CACHE_COPIED, "replaced cache.k or cache.v with a new tensor"),
+    ("test_cache_write", CACHE_COPIED, "write replaced cache.k with a new tensor"),
+    ("test_forward_cached", FORWARD_QUERY_POSITIONS, "not this step's `positions`"),
     ("test_prefill", PREFILL_PER_TOKEN, "in ONE pass"),
     ("test_generate_cached", GENERATE_RECOMPUTES, "never wrote the cache it was given"),
     ("test_generate_cached", GENERATE_REFEEDS, "were fed again"),
@@ -251,10 +263,10 @@ def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
     check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path)
 
 
-def test_a_cache_copied_at_every_write_never_keeps_its_address():
-    """storage() holds what it reported (CI, issue 40): with the first tensors freed, the
-    allocator handed their address to the second copy, and a cache cloned at every write (an
-    even number of writes) looked filled in place to Validate."""
+def test_a_cache_copied_at_every_write_leaves_the_first_allocation_unwritten():
+    """storage() keeps the tensors __init__ allocated and reads their contents later (issue 53:
+    no address is asked of the kernel, which could answer anything): a cache cloned at every
+    write leaves them as they were, a cache filled in place holds its writes in them."""
     import torch
 
     from autograder import build_checks
@@ -262,10 +274,14 @@ def test_a_cache_copied_at_every_write_never_keeps_its_address():
     class Cache:
         pass
 
-    for _ in range(20):
+    for in_place in (False, True):
         cache = Cache()
         cache.k, cache.v = torch.zeros(2, 3, 16, 4), torch.zeros(2, 3, 16, 4)
-        before = build_checks.storage(cache)
-        for _write in range(2):
-            cache.k, cache.v = cache.k.clone(), cache.v.clone()
-        assert build_checks.storage(cache) != before
+        held = build_checks.storage(cache)
+        for position in range(2):
+            if not in_place:
+                cache.k, cache.v = cache.k.clone(), cache.v.clone()
+            cache.k[:, :, position], cache.v[:, :, position] = 1.0, 2.0
+        k, v = held.contents()
+        assert (torch.equal(k, cache.k) and torch.equal(v, cache.v)) is in_place
+        assert bool(k.abs().sum() == 0) is not in_place

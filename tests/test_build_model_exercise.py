@@ -264,8 +264,9 @@ def test_validate_names_the_same_mistakes(source):
     ("attention", ATTN.format(**dict(GOOD_ATTN, rep="repeat(g, 1, 1)")), {"test_attention_gqa"}),
 ])
 def test_one_wrong_piece_costs_only_its_own_points(source, cell, wrong, failing):
-    """The block, forward and generate tests accept a right composition of the learner's own
-    pieces, so a slip in a piece below them fails that piece's test only."""
+    """The block, forward and generate tests judge a later piece again with the reference in
+    place of the learner's earlier pieces (never by calling those again, issue 53), so a slip in
+    a piece below them fails that piece's test only."""
     nb = copy_notebook(source)
     nb.cells = [c for c in nb.cells if c.cell_type == "markdown" or meta(c)]  # no payoff cell
     target = next(c for c in nb.cells if meta(c).get("grade_id") == cell)
@@ -324,7 +325,7 @@ FORGED = {
 @needs_sandbox
 def test_sandboxed_grading_gives_full_marks_and_zero(source, tmp_path):
     forged = with_answers(source, FORGED)
-    points = {"test_rms_norm": 0, "test_attention_causal": 0, "test_attention_gqa": 3,
+    points = {"test_rms_norm": 0, "test_attention_causal": 0, "test_attention_gqa": 0,
               "test_swiglu": 2, "test_decoder_block": 4}
     check_sandboxed_grading(NAME, SOURCE_DIR, TEST_POINTS, {}, tmp_path,
                             forged={"forged_evidence": (forged, points)})

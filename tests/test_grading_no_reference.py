@@ -75,7 +75,7 @@ SOURCE_NOT_RUN = {
               "def swiglu_mlp(x, w_gate, w_up, w_down):\n"
               "    return prod([1.0]) * (torch.nn.functional.silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T",
 }
-SOURCE_NOT_RUN_POINTS = dict(POINTS, test_rms_norm=0, test_attention_causal=0)
+SOURCE_NOT_RUN_POINTS = dict(POINTS, test_rms_norm=0, test_attention_causal=0, test_attention_gqa=0)
 
 # Finding 2: a module-level container filled by a subscript assignment, never followed.
 CONTAINER = {
@@ -86,7 +86,7 @@ CONTAINER = {
                  "    return _impl['attend'](q, k.repeat_interleave(g, 0), v.repeat_interleave(g, 0),\n"
                  "                           attn_mask=kp[None, :] <= qp[:, None])",
 }
-CONTAINER_POINTS = dict(POINTS, test_attention_causal=0)
+CONTAINER_POINTS = dict(POINTS, test_attention_causal=0, test_attention_gqa=0)
 
 
 # build_kv_cache. Finding 4: a loop that recomputes every step with the given forward while

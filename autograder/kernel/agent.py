@@ -22,7 +22,7 @@ from autograder.protocol.wire import Decoder, Encoder, WireError, allowed_class,
     rebuild
 
 _objects: dict[int, object] = {}     # handle id -> object kept alive for the runner
-_held: list = []                     # tensors whose address was reported ("storage")
+_held: list = []                     # attributes kept by "hold", read by "held"
 _constants: dict[int, object] = {}   # number -> a tests' constant as sent (never handed out)
 _in_use: dict[int, object] = {}      # number -> this request's own copy of it
 _copies: dict[int, tuple] = {}       # id(copy) -> (copy, its version, number), this request
@@ -71,7 +71,7 @@ SNAPSHOT_ITEM_BYTES = 65536
 
 
 def _state(obj) -> dict | None:
-    """The instance's attributes as data (its own, and its class's properties), for the
+    """The instance's own attributes as data (never its class's properties), for the
     tests' reads until their next request; None when its class customises attribute access
     (every read then goes to the kernel). Attributes that fail or are large are left out:
     reading one of them is a request of its own, with the same result as here."""
@@ -83,10 +83,11 @@ def _state(obj) -> dict | None:
     if type(fields) is not dict:
         return None
     out = {}
+    # The instance's own data only: a property runs the learner's code, and running it after
+    # every call would let it repair what the call left (a `k` that copies into the first
+    # allocation): a property is read when a test reads it, one request of its own.
     names = [n for n in fields if type(n) is str
              and not hasattr(getattr(cls, n, None), "__set__")]  # data descriptors win
-    names += [n for klass in cls.__mro__[:-1] for n, v in vars(klass).items()
-              if type(v) is property and not n.startswith("__")]
     for name in names:
         try:  # the snapshot's encoder gives up on a large value before copying it (a model)
             out[name] = _snapshot.dumps(getattr(obj, name))
@@ -313,27 +314,55 @@ def _bind(req: dict) -> None:
         exec(compile(str(source), f"<read-only cell: {str(name)[:40]}>", "exec"), ns)
 
 
+def code_globals(target) -> dict | None:
+    """The globals of the code that runs when ``target`` is called: a function's own; through
+    a ``functools.partial``, a method, a library's decorator (``@torch.no_grad()`` keeps the
+    learner's function as ``__wrapped__``) and an object's ``__call__``. None when there is no
+    such code (a builtin)."""
+    seen = 0
+    while seen < 16:
+        seen += 1
+        if isinstance(target, _FunctionType) and "__wrapped__" not in vars(target):
+            return target.__globals__
+        inner = vars(target).get("__wrapped__") if hasattr(target, "__dict__") else None
+        if inner is not None:
+            target = inner
+        elif hasattr(target, "func") and callable(getattr(target, "func")):
+            target = target.func                       # functools.partial
+        elif hasattr(target, "__func__"):
+            target = target.__func__                   # a bound method
+        elif not isinstance(target, type) and isinstance(getattr(type(target), "__call__", None),
+                                                         _FunctionType):
+            target = type(target).__call__             # an object with __call__
+        else:
+            return None
+    return None
+
+
 def _call_with(target, req: dict):
-    """``call``, with names of the function's module bound for this call only (the tests'
-    lent pieces in place of the learner's own), and the arguments sent back after it when
-    asked (a piece that changes its inputs in place shows it)."""
+    """``call``, with names bound for this call only in the globals of the code that runs (the
+    tests' lent pieces in place of the learner's own); with ``repeat``, the function is called
+    that many times on the very same argument objects and every answer comes back (a piece
+    that changes what it is given answers differently the second time: the answers show it)."""
     args = _decoder.decode(req.get("args", []))
     kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
     bound = _decoder.decode(req["bind"]) if "bind" in req else {}
-    scope = getattr(getattr(target, "func", target), "__globals__", None)
+    scope = code_globals(target)
     if bound and not isinstance(scope, dict):
-        raise TypeError("expected a function defined in the notebook")
+        raise TypeError("expected a function (or a callable object) defined in the notebook")
     saved = {n: scope[n] for n in bound if n in scope} if bound else {}
+    repeat = req.get("repeat")
     try:
         if bound:
             scope.update(bound)
-        result = target(*args, **kwargs)
+        if type(repeat) is int and 1 < repeat <= 4:
+            return [target(*args, **kwargs) for _ in range(repeat)]
+        return target(*args, **kwargs)
     finally:
         for name in bound:
             scope.pop(name, None)
         if bound:
             scope.update(saved)
-    return [result, args] if req.get("args_back") is True else result
 
 
 def _apply(req: dict):
@@ -356,6 +385,11 @@ def _apply(req: dict):
         args = _decoder.decode(req.get("args", []))
         kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
         return helper(*args, **kwargs)
+    if op == "held":
+        number = req.get("number")
+        if type(number) is not int or not 0 <= number < len(_held):
+            raise WireError("no such held attributes")
+        return _held[number]
     target = _lookup(req["ref"])
     if op == "call":
         return _call_with(target, req)
@@ -368,13 +402,12 @@ def _apply(req: dict):
         args = _decoder.decode(req.get("args", []))
         kwargs = _decoder.decode(req.get("kwargs", {"$d": []}))
         return _WithState(getattr(target, req["name"])(*args, **kwargs), target)
-    if op == "storage":
-        # Where the object's named tensors live and in what dtype: how it holds them (a cache
-        # filled in place keeps its allocation), the object's own state like its attributes.
-        tensors = [getattr(target, str(n), None) for n in req.get("names", [])]
-        _held.extend(t for t in tensors if hasattr(t, "data_ptr"))  # no address reused
-        return [[str(t.dtype), int(t.data_ptr())] if hasattr(t, "data_ptr") else None
-                for t in tensors]
+    if op == "hold":
+        # Keep the object's named attributes as they are now (the tensors a cache allocated);
+        # "held" later answers their contents, which the learner's writes reach only if they
+        # went into those very tensors. The contents are the answer: data, like a result.
+        _held.append([getattr(target, str(n), None) for n in req.get("names", [])])
+        return len(_held) - 1
     if op == "state":
         return _state(target)
     if op == "getattr":

@@ -156,6 +156,10 @@ def grade_notebook(course: Course, job: Job, name: str, path: Path | None,
     res["reasons"].extend(report.events)
     apply_results(nb, report, tests)
     res["score"] = sum(t["points"] for t in tests)
+    if report.grader_failures:   # never zero marks for what the grader's side failed to do
+        res["failed"] = True
+        res["reasons"].append("not graded: the grader's own side failed, not your code ("
+                              + "; ".join(report.grader_failures)[:600] + "); your instructor regrades it")
     res["flags"].extend(runtime_flags(report, tests))
     if not report.cells or all(r.status == "not_run" for r in report.cells.values()):
         if report.kernel_died or not any(r.status != "not_run" for r in report.cells.values()):
@@ -228,6 +232,11 @@ def apply_results(nb: nbformat.NotebookNode, report: RunReport, tests: list[dict
         r = report.cells.get(i)
         if r is not None and r.status == "ok":
             t["points"], t["passed"], t["message"] = t["max_points"], True, "passed"
+        elif report.grader_failures:
+            # After the grader's side failed, a test's failure says nothing about the answer
+            # (a name it never published reads "not answered"): the grader is named instead.
+            t["message"] = (f"not graded: the grader's side failed ({report.grader_failures[0][:300]}); "
+                            f"not your code")
         else:
             t["message"] = failure_message(r)
 

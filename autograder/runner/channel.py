@@ -283,7 +283,7 @@ class Channel:
     # requests ------------------------------------------------------------------------------
     def request(self, op: str, **fields):
         self.calls += 1
-        if op not in ("state", "name", "storage"):
+        if op not in ("state", "name", "held"):
             self.epoch += 1
         try:
             msg = self._roundtrip(op, fields)
@@ -296,24 +296,23 @@ class Channel:
         finally:
             self._tags.clear()
 
-    def call_with(self, fn: "Remote", args: list, bind: dict | None = None,
-                  args_back: bool = False):
+    def call_with(self, fn: "Remote", args: list, bind: dict | None = None, repeat: int = 1):
         """``fn(*args)`` in the kernel, with the notebook names in ``bind`` bound for this call
         only (to objects lent from here: the tests' reference pieces, served and counted on
-        this side); with ``args_back``, returns (result, the arguments after the call)."""
+        this side); with ``repeat`` n > 1, the list of the n answers of ``fn`` called n times
+        on the very same argument objects, in one request (what a call did to its arguments
+        shows in the next answer: an answer, never the kernel's account of the arguments)."""
         if type(fn) is not Remote or fn._ch is not self:
             raise TypeError("expected a function of the learner's notebook")
         fields: dict = {"ref": fn._ref, "args": list(args), "kwargs": {}}
         if bind:
             fields["bind"] = dict(bind)
-        if args_back:
-            fields["args_back"] = True
+        if repeat > 1:
+            fields["repeat"] = int(repeat)
         got = self.request("call", **fields)
-        if not args_back:
-            return got
-        if type(got) is not list or len(got) != 2:
+        if repeat > 1 and (type(got) is not list or len(got) != repeat):
             raise StudentError("the kernel answered the call with something else")
-        return got[0], got[1]
+        return got
 
     def publish(self, imports: dict, withheld: dict, values: dict, sources: dict) -> None:
         """Bind what a read-only cell bound (run here only) in the learner's namespace: see
@@ -325,7 +324,7 @@ class Channel:
         self._tags.clear()
         self._request_lent = set()
         self.constants.begin()
-        encoded = {k: (v if k in ("ref", "name", "args_back", "names") else self._encoder.encode(v))
+        encoded = {k: (v if k in ("ref", "name", "repeat", "names", "number") else self._encoder.encode(v))
                    for k, v in fields.items()}
         return json.dumps({"op": op, "id": rid, **encoded}, separators=(",", ":"))
 
@@ -564,24 +563,50 @@ class Constants:
 # The most tensor elements one call back may pass: the tests' inputs are far smaller (the
 # shipped weights cross by number, not counted here), so a call past it is the learner's.
 CALL_BACK_ELEMENTS = 1 << 22
+# A call back's work is bounded before it runs (issue 53: one torch call, such as attention
+# over 55k positions under a broadcast mask, cannot be stopped by the cell's alarm): no
+# dimension longer than the vocabulary (4096, logits); token ids and positions (integer
+# tensors, and Python ints in lists) at most twice the longest window of the tests' models
+# (512) in any dimension and 8192 in all; at most 256 tensors, constants included (the
+# shipped weights are 56), so a weights dict repeated over many layers is refused too.
+CALL_BACK_DIM = 4096
+CALL_BACK_POSITIONS = 1024
+CALL_BACK_TOKENS = 8192
+CALL_BACK_TENSORS = 256
 
 
 def _check_size(value, constants: "Constants") -> None:
-    """Refuse a call back passing more tensor elements than CALL_BACK_ELEMENTS, the tests' own
-    constants (the weights, which crossed by number) not counted."""
+    """Refuse, before it runs, a call back whose tensors are past what the tests' own inputs
+    need (see CALL_BACK_ELEMENTS and the bounds after it): the tests' own constants (the
+    weights, which crossed by number) count only toward the number of tensors."""
     torch = sys.modules.get("torch")
-    total, todo = 0, [value]
+    total, tokens, tensors, todo = 0, 0, 0, [value]
     while todo:
         v = todo.pop()
         if type(v) in (list, tuple):
             todo.extend(v)
         elif type(v) is dict:
             todo.extend(v.values())
-        elif torch is not None and isinstance(v, torch.Tensor) and not constants.holds(v):
+        elif type(v) is int:   # a prompt passed as a list: its token ids count too
+            tokens += 1
+        elif torch is not None and isinstance(v, torch.Tensor):
+            tensors += 1
+            if constants.holds(v):
+                continue
             total += v.numel()
-    if total > CALL_BACK_ELEMENTS:
-        raise ValueError(f"your call passes {total:,} tensor elements to the tests' object; "
-                         f"the tests' inputs are far smaller (limit {CALL_BACK_ELEMENTS:,}): "
+            longest = max(v.shape, default=1)
+            integer = not (v.is_floating_point() or v.is_complex() or v.dtype == torch.bool)
+            tokens += v.numel() if integer else 0
+            if longest > CALL_BACK_DIM or (integer and longest > CALL_BACK_POSITIONS):
+                raise ValueError(
+                    f"your call passes a tensor of shape {tuple(v.shape)} to the tests' object; no "
+                    f"dimension of the tests' inputs is longer than {CALL_BACK_DIM:,} (token ids and "
+                    f"positions: {CALL_BACK_POSITIONS:,}, twice the longest context window here): "
+                    "pass the tensors the test gave you")
+    if total > CALL_BACK_ELEMENTS or tokens > CALL_BACK_TOKENS or tensors > CALL_BACK_TENSORS:
+        raise ValueError(f"your call passes {total:,} tensor elements ({tokens:,} token ids and positions, "
+                         f"{tensors:,} tensors) to the tests' object; the tests' inputs are far smaller "
+                         f"(limits {CALL_BACK_ELEMENTS:,}, {CALL_BACK_TOKENS:,} and {CALL_BACK_TENSORS:,}): "
                          "pass the tensors the test gave you")
 
 

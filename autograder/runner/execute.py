@@ -182,6 +182,8 @@ class _Run:
             problem = self.tests.run_setup(cell, _label(cell, index), timeout, publish=True)
             if problem:
                 self.report.events.append(problem)
+                if self.tests.grader_side:
+                    self.report.grader_failures.append(problem)
             self.report.cells[index] = CellResult("ok" if not problem else "error",
                                                   "" if not problem else "ReadOnlyCellFailed",
                                                   problem)
@@ -205,6 +207,8 @@ class _Run:
         problem = self.tests.run_setup(cell, label)
         if problem:
             self.report.events.append(problem)
+            if self.tests.grader_side:
+                self.report.grader_failures.append(problem)
         elif result.status in ("error", "timeout"):
             self.report.flags.append(
                 f"{label} (read-only) failed in your kernel but not in the test runner: "
@@ -221,8 +225,10 @@ class _Run:
             self.report.events.append(f"{_label(cell, index)}: your code ran longer than "
                                       f"{timeout} s when the test called it and was interrupted")
         elif result.ename == "GraderOverran":
-            self.report.events.append(f"{_label(cell, index)}: the grader's own work ran past the "
-                                      f"cell's {timeout} s (the grader's limit, not your code)")
+            problem = (f"{_label(cell, index)}: the grader's own work ran past the cell's {timeout} s "
+                       f"(the grader's limit, not your code)")
+            self.report.events.append(problem)
+            self.report.grader_failures.append(problem)
 
     def _stop_if_failed(self, index: int) -> None:
         """stop_at_failure: a failed test cell ends the run (the integrity report still comes)."""

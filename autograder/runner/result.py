@@ -23,3 +23,6 @@ class RunReport:
     seconds: float = 0.0
     channel_calls: int = 0
     flags: list[str] = field(default_factory=list)   # for review: the worker reports them
+    # The grader's own side failed (a read-only cell, a publish, the tests' work past its
+    # time): the submission is not graded (failed, for the instructor), never zero marks.
+    grader_failures: list[str] = field(default_factory=list)

@@ -51,6 +51,7 @@ class TrustedRunner:
         self.review_flags: list[str] = []       # for an instructor's review; never a verdict
         self.publishes = False                  # read-only cells run here only (a build assignment)
         self.published: set[str] = set()        # names the read-only cells gave the kernel
+        self.grader_side = False                # the last read-only cell failed on our side
         self.student_errors: list[tuple[str, str]] = []  # (source, "ename: evalue") of cells that raised
 
     def student_cell_ran(self, source: str = "", error: str = "") -> None:
@@ -90,6 +91,9 @@ class TrustedRunner:
         out = _CappedText()
         before = {k: id(v) for k, v in dict.items(self.ns)}
         self.channel.deadline = time.monotonic() + timeout
+        # Whether a problem returned is the grader's own (no code of the learner's failed):
+        # the notebook is then not graded at all (autograder.runner.execute).
+        self.grader_side = False
         try:
             code = compile(to_python(cell.source), f"<{label}>", "exec")
             with self._inside(out):
@@ -104,10 +108,18 @@ class TrustedRunner:
             if publish:
                 self._publish(bound, cell.source)
         except (StudentTimeout, KernelLost) as e:
+            if publish:  # no code of yours runs here: the grader's request went unanswered
+                self.grader_side = True
+                return (f"{label} (read-only): the grader could not publish what it binds to your "
+                        f"kernel ({cap_text(e, 200)}): the grader's failure, not your code's")
             return f"{label} (read-only) called your code, which failed: {e}"
         except GraderOverran as e:
+            self.grader_side = True
             return f"{label} (read-only): the grader's own work ran past the cell's time: {e}"
         except Exception as e:  # noqa: BLE001 - reported, never fatal
+            # Raised by the learner's code it called, or a name of theirs it needs: theirs.
+            self.grader_side = not (getattr(e, "autograder_student", None)
+                                    or isinstance(e, (NameError, TemplateNameUnbound)))
             return (f"{label} (read-only) failed in the test runner: {type(e).__name__}: "
                     f"{cap_text(e)}")
         finally:

@@ -10,7 +10,11 @@ problem when it, or a helper it reaches:
 * imports from tinyserve, or reads a name the assignment's read-only cells bound to a
   tinyserve object (``_apply_rope``), in its body, its default arguments or its decorators;
 * reaches names dynamically (``eval``, ``__import__``, ``globals()``, ``sys.modules``,
-  ``__globals__`` ...), which a reading of the code cannot follow;
+  ``__globals__``, ``getattr`` with a computed name ...), which a reading of the code cannot
+  follow (flagged for review, never passed silently);
+* where the exercise bans a call (torch's attention in the attention piece): reaches it under
+  any other spelling (``banned_uses``: an import binding it under another name, ``torch.ops``,
+  ``getattr`` with a computed name, the name spelled in a string), which counts as the call;
 * reads an attribute of a module that the module does not have (put there at run time);
 * reads a name no cell binds in a way this reading can see;
 * is mostly tinyserve's lines, verbatim (``build_checks.copied_lines``).
@@ -124,8 +128,7 @@ def banned_in_candidates(sources: list[str], piece: str, banned: tuple[str, ...]
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and sub.id in banned:
                 found.add(f"uses {sub.id}")
-            elif isinstance(sub, ast.Attribute) and sub.attr in banned:
-                found.add(f"uses {sub.attr}")
+        found.update(banned_uses(node, banned))
     return sorted(found)
 
 
@@ -207,10 +210,59 @@ def _bound_by(stmt: ast.stmt):
                 yield (alias.asname or alias.name).split(".")[0], sub
 
 
+# Other names of a banned call: torch's own operators behind it (``torch.ops.aten``, the
+# kernel-specific variants), reached under a name that is not the banned one.
+BANNED_STEMS = {"scaled_dot_product_attention": ("scaled_dot_product", "flash_attention",
+                                                 "efficient_attention", "_fused_sdp")}
+
+
+def _is_banned_name(name: str, banned: tuple[str, ...]) -> str | None:
+    """The banned name ``name`` stands for: itself, or one containing it or one of its stems."""
+    for b in banned:
+        if name == b or b in name or any(stem in name for stem in BANNED_STEMS.get(b, ())):
+            return b
+    return None
+
+
+def banned_uses(node: ast.AST, banned: tuple[str, ...]) -> list[str]:
+    """Where ``node``'s code may reach a banned call under another spelling: an import binding
+    a banned name (under any name), ``torch.ops`` (operators by name), ``getattr`` with a name
+    computed at run time, a string spelling a banned name (``attrgetter``, ``__dict__[...]``).
+    Each counts as the banned call itself; with nothing banned, they are not looked for."""
+    if not banned:
+        return []
+    found: list[str] = []
+    prose = {id(n.value) for n in ast.walk(node) if isinstance(n, ast.Expr)}  # docstrings
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.ImportFrom):
+            for alias in sub.names:
+                b = _is_banned_name(alias.name, banned)
+                if b:
+                    found.append(f"imports {b}" + (f" as {alias.asname}" if alias.asname else ""))
+        elif isinstance(sub, ast.Attribute):
+            b = _is_banned_name(sub.attr, banned)
+            if b:
+                found.append(f"uses {b}" + (f" (as .{sub.attr})" if sub.attr != b else ""))
+            elif sub.attr == "ops":
+                found.append(f"reaches torch.ops (operators by name), which counts as: uses {banned[0]}")
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "getattr" \
+                and len(sub.args) >= 2:
+            name = sub.args[1]
+            if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                found.append(f"getattr with a name computed at run time, which counts as: uses {banned[0]}")
+            elif name.value == "ops":
+                found.append(f"reaches torch.ops (operators by name), which counts as: uses {banned[0]}")
+        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str) and id(sub) not in prose:
+            b = _is_banned_name(sub.value, banned)
+            if b:
+                found.append(f"spells {b!r} in a string, which counts as: uses {b}")
+    return sorted(set(found))
+
+
 def _reads(node: ast.AST, text: str, trusted: Mapping, banned: tuple[str, ...],
            reference_lines: frozenset[str]) -> tuple[set[str], list[str]]:
     """(global names ``node``'s code reads, problems found in it)."""
-    why: list[str] = []
+    why: list[str] = list(banned_uses(node, banned))
     for sub in ast.walk(node):
         if isinstance(sub, (ast.Import, ast.ImportFrom)):
             modules = ([a.name for a in sub.names] if isinstance(sub, ast.Import)
@@ -223,6 +275,10 @@ def _reads(node: ast.AST, text: str, trusted: Mapping, banned: tuple[str, ...],
                     why.append(f"imports {module}, which reaches names at run time")
         elif isinstance(sub, ast.Attribute):
             why.extend(_attribute_problems(sub, trusted, banned))
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) \
+                and sub.func.id in ("getattr", "setattr", "delattr") and len(sub.args) >= 2 \
+                and not (isinstance(sub.args[1], ast.Constant) and isinstance(sub.args[1].value, str)):
+            why.append(f"{sub.func.id} with a name computed at run time, which a reading cannot follow")
     names = _global_reads(node, text)
     for name in sorted(names & DYNAMIC_NAMES):
         why.append(f"uses {name}, which reaches names at run time")
@@ -232,7 +288,7 @@ def _reads(node: ast.AST, text: str, trusted: Mapping, banned: tuple[str, ...],
 
 def _attribute_problems(node: ast.Attribute, trusted: Mapping, banned: tuple[str, ...]
                         ) -> list[str]:
-    if node.attr == REFERENCE or node.attr in banned:
+    if node.attr == REFERENCE:
         return [f"uses {node.attr}"]
     if node.attr in DYNAMIC_ATTRS:
         return [f"reads .{node.attr}, which reaches names at run time"]
