@@ -416,15 +416,19 @@ class ReferenceCache:
     returns every key and value of slots 0 .. the last one written; ``length`` is the number
     of slots in use. It records the positions of every write (``positions_written``): lent to
     the learner's code (``testkit.lend``), that record is the tests' own count of the tokens
-    each forward pass fed, so a loop that ignores the cache or re-feeds it shows."""
+    each forward pass fed, so a loop that ignores the cache or re-feeds it shows.
+    ``flip_before``: the values of positions before it are stored (and returned) negated, so a
+    loop whose tokens follow what the cache holds shows it reads the cache (a private
+    recompute does not follow)."""
 
-    def __init__(self, cfg: dict, max_seq: int, device: torch.device | str) -> None:
+    def __init__(self, cfg: dict, max_seq: int, device: torch.device | str, flip_before: int = 0) -> None:
         from tinyserve.config import ModelConfig
         from tinyserve.kv_cache import KVCache
         names = ModelConfig.__dataclass_fields__
         config = ModelConfig(**{k: v for k, v in cfg.items() if k in names})
         self._cache = KVCache(config, 1, max_seq, device=device)
         self._writes: list[tuple[int, list[int]]] = []
+        self._flip = int(flip_before)
 
     @property
     def length(self) -> int:
@@ -433,6 +437,8 @@ class ReferenceCache:
     def write(self, layer: int, k: Tensor, v: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         device = self._cache.k.device  # at grading the learner's tensors arrive as sent
         k, v, positions = k.to(device), v.to(device), positions.to(device)
+        if self._flip:
+            v = torch.where((positions < self._flip)[None, :, None], -v, v)
         keys, values, _ = self._cache.update(layer, k[None], v[None], positions[None])
         self._writes.append((int(layer), [int(p) for p in positions.tolist()]))
         return keys[0], values[0]

@@ -193,6 +193,25 @@ KV_PRIVATE = {
 }
 KV_PRIVATE_POINTS = dict(KV_POINTS, test_prefill=0, test_generate_cached=0)
 
+# Mechanism 4 (the lent cache recorded writes, never reads): a loop that runs the real prefill
+# and decode steps for show (the right writes, the right count of tokens through the layers)
+# and takes its tokens from a private recompute. The tests' cache now holds the prompt's
+# values negated in one run: a loop that reads the cache follows, this one does not.
+KV_READS_FOR_SHOW = {
+    "generate": _PRIVATE_KV +
+    "def generate_cached(prompt_ids, n, weights, cfg, cache):\n"
+    "    ids, new = list(prompt_ids), []\n"
+    "    prefill(list(ids), weights, cfg, cache)\n"
+    "    while True:\n"
+    "        device = weights['model.embed_tokens.weight'].device\n"
+    "        new.append(int(_private(torch.tensor(ids, device=device), weights, cfg)[-1].argmax()))\n"
+    "        ids.append(new[-1])\n"
+    "        if new[-1] == cfg['eos_token_id'] or len(new) == n or len(ids) == cfg['max_position_embeddings']:\n"
+    "            return new\n"
+    "        decode_step(new[-1], weights, cfg, cache)",
+}
+KV_READS_FOR_SHOW_POINTS = dict(KV_POINTS, test_generate_cached=0)
+
 
 # build_batching. Mechanism 3: pad_left pads the caller's lists in place behind forged
 # arguments; mechanism 4: the counted calls made for show (one batched call, then each prompt
@@ -388,6 +407,7 @@ CASES = {
     "model_in_place_forged": ("build_model", IN_PLACE_FORGED, IN_PLACE_FORGED_POINTS),
     "kv_late_zeros_and_cloned_cache": ("build_kv_cache", KV_LATE, KV_LATE_POINTS),
     "kv_private_recompute": ("build_kv_cache", KV_PRIVATE, KV_PRIVATE_POINTS),
+    "kv_reads_for_show": ("build_kv_cache", KV_READS_FOR_SHOW, KV_READS_FOR_SHOW_POINTS),
     "batching_for_show": ("build_batching", BATCH_FOR_SHOW, BATCH_FOR_SHOW_POINTS),
     "batching_styles_control": ("build_batching", BATCH_STYLES, BATCH_STYLES_POINTS),
     "model_styles_control": ("build_model", MODEL_STYLES, MODEL_STYLES_POINTS),
