@@ -8,8 +8,25 @@ Each hostile submission below earned the marks of pieces it did not write on the
 issue 53 (graded as grading does: the trusted runner, the read-only cells on its side only);
 each now loses exactly those pieces. Each control is a right answer in another style (a
 callable object, a ``@torch.no_grad()``-decorated function) beside a slip in an earlier piece:
-it keeps every point of the pieces it got right. The units after them hold the mechanisms that
-need no kernel: the banned-call reading, the grader's own failures, the call back's bound.
+it keeps every point of the pieces it got right. The tests after them hold the rest: the
+banned-call reading (2), names bound through any wrapper (5), the grader's own failures (7, one
+graded run whose publish times out) and the call back's bound (6).
+
+By mechanism of the issue (the cases of ``CASES`` and the tests below):
+1. composition checks never call a piece again: model_late_zeros, model_nan_stubs,
+   kv_late_zeros_and_cloned_cache;
+2. banned calls under another spelling: model_late_zeros, model_nan_stubs,
+   test_torchs_attention_under_another_spelling_costs_the_piece (control: the learner's own);
+3. evidence never the kernel's account: model_in_place_forged, model_nan_stubs,
+   kv_late_zeros_and_cloned_cache, batching_for_show (pad_left);
+4. counted work the kernel cannot redo privately, stored data read back: kv_private_recompute,
+   kv_reads_for_show, batching_for_show;
+5. callable objects and decorated functions: batching_styles_control, model_styles_control,
+   speculative_styles_control, test_names_bind_into_the_code_that_runs_however_it_is_wrapped;
+6. call backs bounded before they run: test_a_call_back_past_the_tests_own_inputs_is_refused_...;
+7. the grader's failures: test_a_publish_that_times_out_..., test_the_worker_fails_...;
+8. Validate's named checks: tests/test_build_kv_cache_exercise.py (FORWARD_QUERY_POSITIONS) and
+   tests/test_build_batching_exercise.py (pad_left's width and real mask), visible tests only.
 """
 from __future__ import annotations
 
