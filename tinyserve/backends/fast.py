@@ -432,6 +432,8 @@ def eager_passes(model: TinyLlama, tokens: int, *,
 
 #: The label of the packing step in :func:`prepare`'s costs.
 PACK_LABEL = "prefill weights packed for oneDNN"
+#: The packing step's wait, said before it starts: the slowest seen on a loaded 2-core CPU.
+PACK_ESTIMATE_S = 15
 
 
 @torch.inference_mode()
@@ -448,6 +450,10 @@ def prepare_eager(model: TinyLlama, *, say: Callable[[str], None] | None = None,
     start = time.perf_counter()
     mode = _mode(model)
     held = mode.packed
+    if say is not None and not held:  # a wait says what it does and how long, before it starts
+        say(f"timing the eager passes plain and packed for oneDNN, then packing the prefill's "
+            f"weights: up to about {PACK_ESTIMATE_S} s on two cores (a measurement kept by an "
+            f"earlier run is read back at once)")
     if CPU_RECIPE.eager_linears == "measured":
         measured = eager_kernels(model, cache)
         if say is not None:
