@@ -211,3 +211,14 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(batch_size={self.batch_size}, max_seq={self.max_seq}, "
                 f"lengths={self.lengths}, nbytes={self.nbytes:,})")
+
+
+def kv_bytes_per_token(cfg: ModelConfig, element_bytes: float = 4) -> float:
+    """Bytes one cached token adds to a row: a key and a value per layer and KV head."""
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * element_bytes
+
+
+def kv_crossover_tokens(cfg: ModelConfig, weight_bytes: float,
+                        kv_element_bytes: float = 4) -> float:
+    """Context (cached tokens) at which one row's KV bytes equal the weights' bytes."""
+    return weight_bytes / kv_bytes_per_token(cfg, kv_element_bytes)

@@ -36,22 +36,11 @@ import torch
 from torch import Tensor
 
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, kv_bytes_per_token, kv_crossover_tokens  # noqa: F401 - chapter 6b and the bench import them here
 
 #: Tokens a block of random keys covers; longer caches repeat it (writing is a copy, where
 #: drawing 50k tokens' worth of random numbers would cost seconds on one thread).
 FILL_BLOCK = 2048
-
-
-def kv_bytes_per_token(cfg: ModelConfig, element_bytes: float = 4) -> float:
-    """Bytes one cached token adds to a row: a key and a value per layer and KV head."""
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * element_bytes
-
-
-def kv_crossover_tokens(cfg: ModelConfig, weight_bytes: float,
-                        kv_element_bytes: float = 4) -> float:
-    """Context (cached tokens) at which one row's KV bytes equal the weights' bytes."""
-    return weight_bytes / kv_bytes_per_token(cfg, kv_element_bytes)
 
 
 def cache_bytes_per_token(cache: KVCache) -> float:

@@ -25,7 +25,7 @@ Sizes:
 - ``bandwidth-long``: the ``bandwidth`` target (the same weights from the same seed: only the
   window differs) with a context window long enough that one row's KV cache outgrows the
   weights: :data:`LONG_WINDOW_MULTIPLE` times the context where the two are equal
-  (:func:`tinyserve.long_context.kv_crossover_tokens`), rounded up to a power of two. Chapter
+  (:func:`tinyserve.kv_cache.kv_crossover_tokens`), rounded up to a power of two. Chapter
   6b and ``bench scale_long_context`` time decode there with the cache filled directly;
   ``kv_heads=`` builds it with more or fewer KV heads (grouped-query attention's lever).
 - ``bandwidth-draft``: a matching small draft for speculative decoding (same vocabulary,
@@ -154,7 +154,7 @@ def long_context_config(cfg: ModelConfig, kv_heads: int | None = None) -> ModelC
     rounded up to a power of two (weights and cache in one element size: the ratio has none),
     and ``kv_heads`` KV heads (default: its own). The window is its own heads' in either case,
     so variants with other heads are timed at the same contexts."""
-    from .long_context import kv_crossover_tokens
+    from .kv_cache import kv_crossover_tokens
     crossover = kv_crossover_tokens(cfg, weight_bytes_of(cfg, 4), 4)
     window = 1 << math.ceil(math.log2(LONG_WINDOW_MULTIPLE * crossover))
     cfg = replace(cfg, max_position_embeddings=max(window, cfg.max_position_embeddings))

@@ -44,6 +44,18 @@ CHOICE_RUNS = 5
 CHOICES_FILE = "step_choices.json"
 
 
+
+def read_kept(path: Path | None) -> dict[str, Any]:
+    """The JSON object kept at ``path``; ``{}`` where there is none, or it is unreadable or not
+    an object (a kept file is a saving, never a reason to fail)."""
+    if path is None or not path.is_file():
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return kept if isinstance(kept, dict) else {}
+
 @dataclass(frozen=True)
 class StepChoice:
     """What a step of ``rows`` rows runs (``kernel``, one of :data:`WAYS`), each timed way's
@@ -131,13 +143,7 @@ class ChoiceBook:
         self._memory: dict[str, dict[str, Any]] = {}
 
     def _read(self) -> dict[str, Any]:
-        if self.path is None or not self.path.is_file():
-            return {}
-        try:
-            kept = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return kept if isinstance(kept, dict) else {}
+        return read_kept(self.path)
 
     def get(self, key: str) -> StepChoice | None:
         entry = self._memory.get(key) or self._read().get(key)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
+import os
 from pathlib import Path
 import time
 from typing import Any
@@ -76,6 +77,39 @@ def compiling(settings: Callable[[], AbstractContextManager] | None = None) -> E
 #: The largest batch a compiled step is made for: every (bucket, window) is a compile of
 #: its own, tens of seconds each, so the compiled path stops well short of the graphs' 512.
 MAX_COMPILED_BATCH = 64
+
+
+#: The folder under ``<cache>/inductor`` for this torch and this way of autotuning:
+#: inductor's autotune cache keys each matmul's timings by the shapes and choices alone, so
+#: timings taken hot (before :func:`~tinyserve.backends.fast.cold_benchmarks`) would be read back as they were.
+INDUCTOR_FOLDER = f"torch-{torch.__version__}-cold"
+
+
+def inductor_cache(root: Path | None) -> Path | None:
+    """Send inductor's on-disk cache to ``root/inductor/`` :data:`INDUCTOR_FOLDER` (made if
+    missing) and return it: kernels built, and choices timed, by one torch and one way of
+    timing are never read by another. A
+    ``TORCHINDUCTOR_CACHE_DIR`` the user set wins (returned as is). Called before the first
+    fast compile, never at import; ``root=None`` leaves inductor's default."""
+    if root is None:
+        return None
+    set_by_user = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if set_by_user and not _inductor_default(set_by_user):
+        return Path(set_by_user)
+    folder = Path(root) / "inductor" / INDUCTOR_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    return folder
+
+
+def _inductor_default(folder: str) -> bool:
+    """Whether ``folder`` is inductor's own default: inductor writes it into the variable at
+    its first compile, so finding it there does not mean a user chose it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:   # an older torch (the floor is 2.5): its default is left as it is
+        return False
+    return os.path.abspath(folder) == os.path.abspath(default_cache_dir())
 
 
 class CompiledDecoder:
@@ -176,8 +210,7 @@ class CompiledDecoder:
 
     def _kernels(self) -> Path | None:
         """The kernel folder under :attr:`cache_root`
-        (:func:`~tinyserve.backends.fast.inductor_cache`), or None without one."""
-        from .fast import inductor_cache
+        (:func:`inductor_cache`), or None without one."""
         return inductor_cache(self.cache_root)
 
     def _compile_wait(self) -> AbstractContextManager:

@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import contextlib
 from dataclasses import dataclass
 import functools
-import os
 from pathlib import Path
 import statistics
 import time
@@ -65,7 +64,8 @@ from torch import Tensor
 from ..device import interleaved_seconds
 from ..model import TinyLlama
 from .choices import WAYS, ChoiceBook, StepChoice, choose, shape_key
-from .compiled import MAX_COMPILED_BATCH, CompiledDecoder, compiled_decoder, compiling
+from .compiled import (INDUCTOR_FOLDER, MAX_COMPILED_BATCH, CompiledDecoder,
+                       compiled_decoder, compiling, inductor_cache)
 from ..paged import PagedKVCache
 from .cuda_graph import EngineGraphs, graph_decoder
 from .decoder_cache import DecoderCache
@@ -268,39 +268,6 @@ def cold_benchmarks() -> Iterator[None]:
             del benchmarker.benchmark_cpu
         else:
             benchmarker.benchmark_cpu = held
-
-
-#: The folder under ``<cache>/inductor`` for this torch and this way of autotuning:
-#: inductor's autotune cache keys each matmul's timings by the shapes and choices alone, so
-#: timings taken hot (before :func:`cold_benchmarks`) would be read back as they were.
-INDUCTOR_FOLDER = f"torch-{torch.__version__}-cold"
-
-
-def inductor_cache(root: Path | None) -> Path | None:
-    """Send inductor's on-disk cache to ``root/inductor/`` :data:`INDUCTOR_FOLDER` (made if
-    missing) and return it: kernels built, and choices timed, by one torch and one way of
-    timing are never read by another. A
-    ``TORCHINDUCTOR_CACHE_DIR`` the user set wins (returned as is). Called before the first
-    fast compile, never at import; ``root=None`` leaves inductor's default."""
-    if root is None:
-        return None
-    set_by_user = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if set_by_user and not _inductor_default(set_by_user):
-        return Path(set_by_user)
-    folder = Path(root) / "inductor" / INDUCTOR_FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    return folder
-
-
-def _inductor_default(folder: str) -> bool:
-    """Whether ``folder`` is inductor's own default: inductor writes it into the variable at
-    its first compile, so finding it there does not mean a user chose it."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:   # an older torch (the floor is 2.5): its default is left as it is
-        return False
-    return os.path.abspath(folder) == os.path.abspath(default_cache_dir())
 
 
 def _weights_version(model: TinyLlama) -> int:

@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from .choices import read_kept
+
 __all__ = ["COMPILE_TIMES_FILE", "CompileTimes", "Wait", "estimate_line", "in_notebook",
            "model_of", "shown", "waiting"]
 
@@ -58,13 +60,7 @@ class CompileTimes:
         self.path = None if folder is None else Path(folder) / COMPILE_TIMES_FILE
 
     def _read(self) -> dict[str, Any]:
-        if self.path is None:
-            return {}
-        try:
-            kept = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return kept if isinstance(kept, dict) else {}
+        return read_kept(self.path)
 
     #: The last compile measured in this process, per model (:func:`model_of` its key): the
     #: estimate for the model's next shape when that shape's own time is not kept (a
