@@ -120,6 +120,15 @@ def errors(nb) -> dict[str, dict]:
     return found
 
 
+def graded_points(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[str, int]:
+    """Assignment ``name`` with ``answers`` in its solution cells, run on the grader's side:
+    each test's points, 0 for a test cell that raised."""
+    source_dir, path, _ = exercise_paths(name)
+    nb = execute_trusted(with_answers(nbformat.read(path, as_version=4), answers), source_dir)
+    failed = errors(nb)
+    return {gid: 0 if gid in failed else pts for gid, pts in points.items()}
+
+
 def copy_notebook(nb):
     """A deep copy, so running it leaves the module-scoped source untouched."""
     return nbformat.from_dict(json.loads(json.dumps(nb)))

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from build_exercise_checks import one_thread_kernels  # noqa: F401 - autouse fixture
-from exercise_checks import errors, execute_trusted, exercise_paths, with_answers
+from exercise_checks import graded_points
 
 NAME = "build_model"
 POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
@@ -205,14 +205,6 @@ SPEC_HOSTILE = {
 SPEC_HOSTILE_POINTS = dict(SPEC_POINTS, test_speculative_greedy=0)
 
 
-def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[str, int]:
-    import nbformat
-    source_dir, path, _ = exercise_paths(name)
-    nb = execute_trusted(with_answers(nbformat.read(path, as_version=4), answers), source_dir)
-    failed = errors(nb)
-    return {gid: 0 if gid in failed else pts for gid, pts in points.items()}
-
-
 @pytest.mark.parametrize("name, answers, points", [
     (NAME, GRADERS_PIECES, GRADERS_PIECES_POINTS),
     (NAME, SOURCE_NOT_RUN, SOURCE_NOT_RUN_POINTS),
@@ -225,7 +217,7 @@ def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[
 def test_hostile_submissions_earn_only_what_they_wrote(name, answers, points):
     full = {NAME: POINTS, "build_kv_cache": KV_POINTS, "build_batching": BATCH_POINTS,
             "build_speculative": SPEC_POINTS}[name]
-    assert _graded(name, answers, dict(full)) == points
+    assert graded_points(name, answers, dict(full)) == points
 
 
 # ------------------------------------------------------------------ the mechanisms

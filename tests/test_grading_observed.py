@@ -35,7 +35,7 @@ import json
 import pytest
 
 from build_exercise_checks import one_thread_kernels  # noqa: F401 - autouse fixture
-from exercise_checks import errors, execute_trusted, exercise_paths, with_answers
+from exercise_checks import exercise_paths, graded_points
 
 MODEL_POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
                 "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
@@ -410,14 +410,6 @@ SPEC_STYLES = {
 SPEC_STYLES_POINTS = dict(SPEC_POINTS, test_accept_greedy=0)
 
 
-def _graded(name: str, answers: dict[str, str], points: dict[str, int]) -> dict[str, int]:
-    import nbformat
-    source_dir, path, _ = exercise_paths(name)
-    nb = execute_trusted(with_answers(nbformat.read(path, as_version=4), answers), source_dir)
-    failed = errors(nb)
-    return {gid: 0 if gid in failed else pts for gid, pts in points.items()}
-
-
 CASES = {
     "model_late_zeros": ("build_model", LATE_ZEROS, LATE_ZEROS_POINTS),
     "model_nan_stubs": ("build_model", NAN_STUBS, NAN_STUBS_POINTS),
@@ -437,7 +429,7 @@ def test_a_verdict_rests_on_what_the_grader_observed(case):
     name, answers, points = CASES[case]
     full = {"build_model": MODEL_POINTS, "build_kv_cache": KV_POINTS, "build_batching": BATCH_POINTS,
             "build_speculative": SPEC_POINTS}[name]
-    assert _graded(name, answers, dict(full)) == points
+    assert graded_points(name, answers, dict(full)) == points
 
 
 # ---------------------------------------------------------------- units (no kernel needed)
