@@ -15,6 +15,31 @@ from exercise_checks import ROOT, check_points_and_answers, errors, is_test, met
 
 _PASSED = "<the test cell passed>"
 
+# Each build exercise's graded test cells and their points (checked against the source
+# notebook by check_points_and_answers), one table for every test that grades them.
+MODEL_POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
+                "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
+                "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
+KV_POINTS = {"test_cache_bytes": 2, "test_cache_alloc": 2, "test_cache_write": 3,
+             "test_forward_cached": 5, "test_prefill": 2, "test_decode_step": 3,
+             "test_generate_cached": 3}
+BATCH_POINTS = {"test_pad_left": 3, "test_padded_mask": 3, "test_generate_static": 4,
+                "test_prefill_slot": 2, "test_decode_slots": 3, "test_serve": 5}
+SPEC_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greedy": 4,
+               "test_accept_sampled": 4}
+#: build_model's decoder_block written right, as a learner would (tests derive slips from it).
+RIGHT_BLOCK = ("def decoder_block(x, positions, w, cfg):\n"
+               "    T, H, K, d = x.shape[0], cfg['num_attention_heads'], cfg['num_key_value_heads'], cfg['head_dim']\n"
+               "    n = rms_norm(x, w['input_layernorm.weight'], cfg['rms_norm_eps'])\n"
+               "    q = (n @ w['self_attn.q_proj.weight'].T).view(T, H, d).transpose(0, 1)\n"
+               "    k = (n @ w['self_attn.k_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
+               "    v = (n @ w['self_attn.v_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
+               "    cos, sin = rope_tables(positions, d, cfg['rope_theta'])\n"
+               "    a = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, positions, positions)\n"
+               "    h = x + a.transpose(0, 1).reshape(T, H * d) @ w['self_attn.o_proj.weight'].T\n"
+               "    n = rms_norm(h, w['post_attention_layernorm.weight'], cfg['rms_norm_eps'])\n"
+               "    return h + swiglu_mlp(n, w['mlp.gate_proj.weight'], w['mlp.up_proj.weight'], w['mlp.down_proj.weight'])")
+
 
 def check_named_mistakes(source, source_dir: Path, answer_cells: set[str],
                          mistakes: Sequence[tuple], **options) -> None:

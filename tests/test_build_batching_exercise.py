@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import (NAN, check_build_source, check_named_mistakes,  # noqa: F401
+from build_exercise_checks import (BATCH_POINTS, NAN, check_build_source, check_named_mistakes,  # noqa: F401
                                    check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
@@ -24,8 +24,7 @@ NAME = "build_batching"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
-TEST_POINTS = {"test_pad_left": 3, "test_padded_mask": 3, "test_generate_static": 4,
-               "test_prefill_slot": 2, "test_decode_slots": 3, "test_serve": 5}
+TEST_POINTS = BATCH_POINTS
 ANSWER_CELLS = {"pad_left", "padded_mask", "generate_static", "slots_answer", "serve"}
 
 

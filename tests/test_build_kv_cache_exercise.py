@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import (NAN, check_build_source, check_named_mistakes,  # noqa: F401
+from build_exercise_checks import (KV_POINTS, NAN, check_build_source, check_named_mistakes,  # noqa: F401
                                    check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
@@ -30,9 +30,7 @@ NAME = "build_kv_cache"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
-TEST_POINTS = {"test_cache_bytes": 2, "test_cache_alloc": 2, "test_cache_write": 3,
-               "test_forward_cached": 5, "test_prefill": 2, "test_decode_step": 3,
-               "test_generate_cached": 3}
+TEST_POINTS = KV_POINTS
 ANSWER_CELLS = {"cache", "forward_cached", "prefill_decode", "generate"}
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import (NAN, check_build_source, check_named_mistakes,  # noqa: F401
+from build_exercise_checks import (MODEL_POINTS, RIGHT_BLOCK, NAN, check_build_source, check_named_mistakes,  # noqa: F401
                                    check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, copy_notebook, errors,
@@ -31,9 +31,7 @@ SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
 
-TEST_POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
-               "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
-               "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
+TEST_POINTS = MODEL_POINTS
 ANSWER_CELLS = {"rms_norm", "rope", "attention", "swiglu", "block", "forward", "generate"}
 
 
@@ -111,17 +109,7 @@ ATTN_K_NOT_TRANSPOSED = ATTN.format(**GOOD_ATTN).replace("s = q @ k.transpose(-1
 ATTN_STRICT = ATTN.format(**dict(GOOD_ATTN, mask="s = s.masked_fill(~(kp[None, :] < qp[:, None]), float('-inf'))"))
 TABLES_FLOAT64 = TABLES.format(layout="torch.cat([a, a], dim=-1)").replace("torch.float32", "torch.float64")
 LATER = ("test_decoder_block", "test_forward", "test_generate")
-BLOCK_NO_RESIDUAL = ("def decoder_block(x, positions, w, cfg):\n"
-                     "    T, H, K, d = x.shape[0], cfg['num_attention_heads'], cfg['num_key_value_heads'], cfg['head_dim']\n"
-                     "    n = rms_norm(x, w['input_layernorm.weight'], cfg['rms_norm_eps'])\n"
-                     "    q = (n @ w['self_attn.q_proj.weight'].T).view(T, H, d).transpose(0, 1)\n"
-                     "    k = (n @ w['self_attn.k_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
-                     "    v = (n @ w['self_attn.v_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
-                     "    cos, sin = rope_tables(positions, d, cfg['rope_theta'])\n"
-                     "    a = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, positions, positions)\n"
-                     "    h = a.transpose(0, 1).reshape(T, H * d) @ w['self_attn.o_proj.weight'].T\n"
-                     "    n = rms_norm(h, w['post_attention_layernorm.weight'], cfg['rms_norm_eps'])\n"
-                     "    return h + swiglu_mlp(n, w['mlp.gate_proj.weight'], w['mlp.up_proj.weight'], w['mlp.down_proj.weight'])")
+BLOCK_NO_RESIDUAL = RIGHT_BLOCK.replace("    h = x + a.transpose", "    h = a.transpose")
 RMS_RAISES = "def rms_norm(x, weight, eps):\n    raise ValueError('not yet')"
 SWIGLU_NO_DOWN = "def swiglu_mlp(x, g, u, d):\n    return torch.nn.functional.silu(x @ g.T) * (x @ u.T)"
 RMS_IN_PLACE = ("def rms_norm(x, weight, eps):\n"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from build_exercise_checks import (check_build_source, check_named_mistakes,  # noqa: F401
+from build_exercise_checks import (SPEC_POINTS, check_build_source, check_named_mistakes,  # noqa: F401
                                    check_one_slip_costs_one_piece, one_thread_kernels, slips_of,
                                    visible_only)
 from exercise_checks import (check_sandboxed_grading, exercise_paths, needs_sandbox,
@@ -25,8 +25,7 @@ NAME = "build_speculative"
 SOURCE_DIR, SOURCE, RELEASED = exercise_paths(NAME)
 source = source_fixture(SOURCE)
 
-TEST_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greedy": 4,
-               "test_accept_sampled": 4}
+TEST_POINTS = SPEC_POINTS
 ANSWER_CELLS = {"draft", "accept_greedy", "speculative", "accept_sampled"}
 
 

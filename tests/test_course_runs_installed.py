@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from wheels import WHEEL_SOURCES
+from wheels import copy_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ("import tinyserve, tinyserve.paths as p; from tinyserve.workbook.course_runs import "
@@ -42,13 +42,7 @@ def test_the_reports_ship_as_package_data() -> None:
 def test_course_runs_are_found_from_an_installed_copy_its_clone_or_a_named_folder(
         tmp_path: Path) -> None:
     clone = tmp_path / "clone"                    # what `git clone` left, installed from
-    clone.mkdir()
-    for name in WHEEL_SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, clone / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy(ROOT / name, clone / name)
+    copy_sources(clone)
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     python = str(venv / "bin" / "python")

@@ -14,13 +14,12 @@ import time
 
 import pytest
 
-from build_exercise_checks import one_thread_kernels  # noqa: F401 - autouse fixture
+from build_exercise_checks import (BATCH_POINTS, KV_POINTS, MODEL_POINTS,  # noqa: F401
+                                   SPEC_POINTS, one_thread_kernels)  # autouse fixture
 from exercise_checks import graded_points
 
 NAME = "build_model"
-POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
-          "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
-          "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
+POINTS = MODEL_POINTS
 
 RIGHT_ATTENTION = (
     "def attention(q, k, v, qp, kp):\n"
@@ -94,8 +93,6 @@ CONTAINER_POINTS = dict(POINTS, test_attention_causal=0, test_attention_gqa=0)
 # finding 7: a forward_cached that keeps the ids it was fed and recomputes them instead of
 # reading the cache; finding 1: the grader's reference prefill called as the learner's;
 # finding 6: a right cache_bytes after `from math import *` keeps its points.
-KV_POINTS = {"test_cache_bytes": 2, "test_cache_alloc": 2, "test_cache_write": 3, "test_forward_cached": 5,
-             "test_prefill": 2, "test_decode_step": 3, "test_generate_cached": 3}
 KV_HOSTILE = {
     "cache": "from math import *\n"
              "def cache_bytes(cfg, tokens, bytes_per_elem):\n"
@@ -148,8 +145,6 @@ KV_HOSTILE_POINTS = dict(KV_POINTS, test_forward_cached=0, test_prefill=0, test_
 # build_batching. Finding 4: one counted batched call for show, then one prompt at a time
 # through an alias taken earlier; item 5: a pad_left that pads the caller's lists in place
 # (the notebook's Run All failed it, Validate did not), one forward_slots call per slot.
-BATCH_POINTS = {"test_pad_left": 3, "test_padded_mask": 3, "test_generate_static": 4,
-                "test_prefill_slot": 2, "test_decode_slots": 3, "test_serve": 5}
 BATCH_HOSTILE = {
     "pad_left": "def pad_left(prompts, pad_id, device):\n"
                 "    T = max(len(p) for p in prompts)\n"
@@ -193,7 +188,6 @@ BATCH_HOSTILE_POINTS = dict(BATCH_POINTS, test_pad_left=0, test_generate_static=
 # build_speculative. Finding 1: the loop as plain greedy on a private target built with the
 # grader's _model_from_spec (12/12 before), or on the read-only cell's TARGET_MODEL: neither is
 # in the kernel; the lent target is the only model reachable.
-SPEC_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greedy": 4, "test_accept_sampled": 4}
 SPEC_HOSTILE = {
     "speculative": "def speculative_greedy(prompt_ids, max_new_tokens, k, target, draft_model):\n"
                    "    model = globals().get('_model_from_spec', lambda *a: TARGET_MODEL)(('target',), DEVICE)\n"

@@ -34,16 +34,10 @@ import json
 
 import pytest
 
-from build_exercise_checks import one_thread_kernels  # noqa: F401 - autouse fixture
+from build_exercise_checks import (BATCH_POINTS, KV_POINTS, MODEL_POINTS,  # noqa: F401
+                                   RIGHT_BLOCK, SPEC_POINTS, one_thread_kernels)  # autouse fixture
 from exercise_checks import exercise_paths, graded_points
 
-MODEL_POINTS = {"test_rms_norm": 3, "test_rope_tables": 2, "test_apply_rotary": 3,
-                "test_attention_causal": 4, "test_attention_gqa": 3, "test_swiglu": 2,
-                "test_decoder_block": 4, "test_forward": 4, "test_generate": 3}
-KV_POINTS = {"test_cache_bytes": 2, "test_cache_alloc": 2, "test_cache_write": 3, "test_forward_cached": 5,
-             "test_prefill": 2, "test_decode_step": 3, "test_generate_cached": 3}
-BATCH_POINTS = {"test_pad_left": 3, "test_padded_mask": 3, "test_generate_static": 4,
-                "test_prefill_slot": 2, "test_decode_slots": 3, "test_serve": 5}
 
 # Mechanism 3: the learner's cell wraps the kernel's call function (reached through
 # sys.modules, sys imported under another name) so "the arguments after the call" come back
@@ -359,18 +353,7 @@ BATCH_STYLES_POINTS = dict(BATCH_POINTS, test_padded_mask=0, test_decode_slots=0
 MODEL_STYLES = {
     "rms_norm": "def rms_norm(x, weight, eps):\n"
                 "    return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * weight",
-    "block": "@torch.no_grad()\n"
-             "def decoder_block(x, positions, w, cfg):\n"
-             "    T, H, K, d = x.shape[0], cfg['num_attention_heads'], cfg['num_key_value_heads'], cfg['head_dim']\n"
-             "    n = rms_norm(x, w['input_layernorm.weight'], cfg['rms_norm_eps'])\n"
-             "    q = (n @ w['self_attn.q_proj.weight'].T).view(T, H, d).transpose(0, 1)\n"
-             "    k = (n @ w['self_attn.k_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
-             "    v = (n @ w['self_attn.v_proj.weight'].T).view(T, K, d).transpose(0, 1)\n"
-             "    cos, sin = rope_tables(positions, d, cfg['rope_theta'])\n"
-             "    a = attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, positions, positions)\n"
-             "    h = x + a.transpose(0, 1).reshape(T, H * d) @ w['self_attn.o_proj.weight'].T\n"
-             "    n = rms_norm(h, w['post_attention_layernorm.weight'], cfg['rms_norm_eps'])\n"
-             "    return h + swiglu_mlp(n, w['mlp.gate_proj.weight'], w['mlp.up_proj.weight'], w['mlp.down_proj.weight'])",
+    "block": "@torch.no_grad()\n" + RIGHT_BLOCK,
     "forward": "class _Forward:\n"
                "    def __call__(self, ids, positions, weights, cfg):\n"
                "        E = weights['model.embed_tokens.weight']\n"
@@ -385,7 +368,6 @@ MODEL_STYLES_POINTS = dict(MODEL_POINTS, test_rms_norm=0)
 
 # Mechanism 5 (a control) in build_speculative: the loop written as a callable object, beside
 # an accept_greedy that leaves out the target's own token (its own 2 points only).
-SPEC_POINTS = {"test_draft": 2, "test_accept_greedy": 2, "test_speculative_greedy": 4, "test_accept_sampled": 4}
 SPEC_STYLES = {
     "accept_greedy": "def accept_greedy(guesses, target_logits):\n"
                      "    choices = target_logits.argmax(dim=-1).tolist()\n"

@@ -10,17 +10,23 @@ ROOT = Path(__file__).resolve().parents[1]
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "tinyserve", "autograder", "bench")
 
 
+def copy_sources(dest: Path) -> None:
+    """What a wheel is built from (``WHEEL_SOURCES``), copied into a new folder ``dest``, as
+    `git clone` would leave it (no caches, no egg-info)."""
+    dest.mkdir()
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, dest / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy(ROOT / name, dest / name)
+
+
 def build_wheel(tmp_path: Path) -> Path:
     """The tinyserve wheel, built from a copy of the checkout under ``tmp_path`` (building
     leaves no build/ or egg-info in the checkout). Offline: no build isolation, no index."""
     src = tmp_path / "src"
-    src.mkdir()
-    for name in WHEEL_SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy(ROOT / name, src / name)
+    copy_sources(src)
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "wheel", "--no-deps",
            "--no-build-isolation", "--no-index", "-w", str(tmp_path / "dist"), str(src)]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
