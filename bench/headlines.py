@@ -77,6 +77,14 @@ class Headline:
     def direction(self) -> Better | None:
         return self.goal.better if self.goal else self.better
 
+    def goal_cell(self) -> str:
+        """The goal as a table prints it ("-" where the ratio has none)."""
+        return self.goal.text(self.fmt) if self.goal else "-"
+
+    def met_cell(self, value: float) -> str:
+        """"yes" or "no" against the goal, "-" where the ratio has none."""
+        return "-" if self.goal is None else ("yes" if self.goal.met(value) else "no")
+
 
 @dataclass(frozen=True)
 class SuiteHeadlines:
@@ -284,3 +292,21 @@ def headline(suite: str, name: str) -> Headline | None:
     """The declared headline ``name`` of ``suite``, or None (a ratio the ledger does not quote)."""
     entry = BY_SUITE.get(suite)
     return next((h for h in entry.headlines if h.name == name), None) if entry else None
+
+
+def missed_goals(suite: str, ratios: dict[str, float]) -> set[str]:
+    """The ratios of a run of ``suite`` that miss their declared goals."""
+    return {name for name, value in ratios.items()
+            if (h := headline(suite, name)) is not None and h.goal is not None
+            and not h.goal.met(value)}
+
+
+def goals_table(suite: str, ratios: dict[str, float]) -> str:
+    """A run's ratios with their goals and whether each is met, as the suites print them."""
+    from tinyserve.tables import table
+    rows = []
+    for name, value in ratios.items():
+        h = headline(suite, name)
+        rows.append([name, value, "-" if h is None else h.goal_cell(),
+                     "-" if h is None else h.met_cell(value)])
+    return table(["ratio", "value", "goal", "met"], rows)

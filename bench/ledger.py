@@ -112,10 +112,8 @@ def headline_row(entry: SuiteHeadlines, h: Headline, report: dict[str, Any],
     value = h.read(report)
     if value is None:
         return None
-    met = "-" if h.goal is None else ("yes" if h.goal.met(value) else "no")
-    return Row(entry.suite, f"`{h.name}`", h.fmt.format(value),
-               h.goal.text(h.fmt) if h.goal else "-", met, commit_cell(where), when(report),
-               load_cell(report), host)
+    return Row(entry.suite, f"`{h.name}`", h.fmt.format(value), h.goal_cell(),
+               h.met_cell(value), commit_cell(where), when(report), load_cell(report), host)
 
 
 def ledger_rows(root: Path = ROOT,

@@ -893,10 +893,8 @@ def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
     """For each ratio that misses its goal (:mod:`bench.headlines`), a sentence computed from
     the measurements next to it: what they show, not only the number; and, met or not, the
     fast steps against eager with the way each batch-1 shape chose (:mod:`._fast_vs_eager`)."""
-    from ..headlines import headline
-    missed = {name for name, value in ratios.items()
-              if (h := headline("scale", name)) is not None and h.goal is not None
-              and not h.goal.met(value)}
+    from ..headlines import missed_goals
+    missed = missed_goals("scale", ratios)
     notes: dict[str, str] = {}
     bw = m["bandwidth_gb_per_s"]
     sweep = {r["rows"]: r for r in m["sweep"]}
@@ -1102,15 +1100,9 @@ def spec_acceptance_lines(m: dict[str, Any]) -> list[str]:
 
 
 def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, str]) -> None:
-    from ..headlines import headline
-    rows = []
-    for name, value in ratios.items():
-        h = headline("scale", name)
-        goal = h.goal.text(h.fmt) if h is not None and h.goal else "-"
-        met = "-" if h is None or h.goal is None else ("yes" if h.goal.met(value) else "no")
-        rows.append([name, value, goal, met])
+    from ..headlines import goals_table
     print()
-    print(table(["ratio", "value", "goal", "met"], rows))
+    print(goals_table("scale", ratios))
     for part in ("int8", "speculative", "fast_vs_eager", "speculative_fast", "engine_fast",
                  "tensor_parallel", "prepare_repeat"):
         if "skipped" in m[part]:

@@ -46,7 +46,7 @@ from tinyserve.scale import long_context_config
 from tinyserve.workbook.kv_regime import (SHORT, attention_seconds, int8_traffic, lever_table,
                                           levers, probe_line, rate_lines, split_lines)
 
-from ..common import QUICK_CONFIG, report, table, write_json
+from ..common import QUICK_CONFIG, report, write_json
 
 #: Contexts timed, as multiples of the predicted crossover (and a short one: the weights alone).
 MULTIPLES = (0.5, 1.0, 1.5, 2.0)
@@ -118,18 +118,13 @@ def run(json_path: str | None = None, quick: bool = False) -> dict[str, Any]:
 
 def explain(ratios: dict[str, float], m: dict[str, Any]) -> dict[str, str]:
     """What the run's own figures say where a goal is missed (the two read rates)."""
-    from ..headlines import headline
+    from ..headlines import missed_goals
     fit, bw = m["fit"], m["bandwidth"]
     rates = (f"the weights read at {fit['weights_rate'] / 1e9:.1f} GB/s "
              f"({fit['weights_rate'] / bw:.2f} of the fastest read, {bw / 1e9:.1f} GB/s), the KV "
              f"cache at {fit['kv_rate'] / 1e9:.1f} GB/s ({fit['kv_rate'] / bw:.2f})")
-    notes = {}
-    for name, value in ratios.items():
-        h = headline("scale_long_context", name)
-        if h is None or h.goal is None or h.goal.met(value):
-            continue
-        notes[name] = _why(rates, m)
-    return notes
+    missed = missed_goals("scale_long_context", ratios)
+    return {name: _why(rates, m) for name in ratios if name in missed}
 
 
 def _why(rates: str, m: dict[str, Any]) -> str:
@@ -150,7 +145,7 @@ def _why(rates: str, m: dict[str, Any]) -> str:
 
 
 def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, str]) -> None:
-    from ..headlines import headline
+    from ..headlines import goals_table
     from tinyserve.long_context import ContextFit
     fit = ContextFit(m["fit"]["fixed_s"], m["fit"]["per_token_s"])
     steps = {int(c): s for c, s in m["step_s"].items()}
@@ -168,13 +163,7 @@ def print_summary(ratios: dict[str, float], m: dict[str, Any], notes: dict[str, 
     t = m["int8_kv_traffic"]
     print(f"  the int8 cache stores {t['stored']:,.0f} B a token against {t['float']:,.0f}, but "
           f"dequantizes every slot before attention: {t['moved']:,.0f} B moved a token a step")
-    rows = []
-    for name, value in ratios.items():
-        h = headline("scale_long_context", name)
-        goal = h.goal.text(h.fmt) if h is not None and h.goal else "-"
-        met = "-" if h is None or h.goal is None else ("yes" if h.goal.met(value) else "no")
-        rows.append([name, value, goal, met])
     print()
-    print(table(["ratio", "value", "goal", "met"], rows))
+    print(goals_table("scale_long_context", ratios))
     for name, text in notes.items():
         print(f"note, {name}: {text}")
