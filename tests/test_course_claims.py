@@ -234,7 +234,7 @@ def test_the_two_bounds_are_taught_and_printed_together() -> None:
 
 
 def test_one_batch1_mbu_per_path_in_the_scale_report() -> None:
-    # I7: the report's batch-1 MBU is the loops' step against each round's probe, one per
+    # I7: the report's batch-1 MBU is the loops' step against the run's fastest read, one per
     # path; the rows sweep no longer reports a second one, and no chapter reads it.
     from bench.suites import scale
     assert '"mbu_b1": {"eager"' not in inspect.getsource(scale.roofline_figures)

@@ -114,22 +114,22 @@ def kernel_sentence(k: dict[str, Any], name: str = "down_proj") -> str:
 ROWS_AT_ONE_ROW_COST = 1.5
 
 
-#: Where a kernel alone counts as streaming at the memory's rate: this share of the probe's.
+#: Where a kernel alone counts as streaming at the memory's rate: this share of the fastest read.
 STREAMS_AT = 0.85
 
 
-def one_row_sentence(k: dict[str, Any], probe_gb_per_s: float, name: str = "down_proj") -> str:
-    """What :func:`linear_rows` found for one projection at one row against the read probe,
-    as a clause for a batch-1 MBU note: whether the matmul kernel alone reads at the memory's
-    rate (then the rest of the step is what falls short) or not (then the kernel is)."""
+def one_row_sentence(k: dict[str, Any], read_gb_per_s: float, name: str = "down_proj") -> str:
+    """What :func:`linear_rows` found for one projection at one row against the run's fastest
+    read, as a clause for a batch-1 MBU note: whether the matmul kernel alone reads at the
+    memory's rate (then the rest of the step is what falls short) or not (then the kernel is)."""
     first = k["rows"][0]
     rates = {path: k["gb_per_s"][f"{name}/{path}/{first}"] for path in ("compiled", "eager")
              if f"{name}/{path}/{first}" in k["gb_per_s"]}
-    read = ", ".join(f"{path} {rate:.1f} GB/s ({rate / probe_gb_per_s:.2f} of the probe)"
+    read = ", ".join(f"{path} {rate:.1f} GB/s ({rate / read_gb_per_s:.2f} of the fastest read)"
                      for path, rate in rates.items())
     head = (f"one {name} alone ({k['weight_bytes'][name] / 1e6:.0f} MB, caches flushed) at "
             f"{first} row reads {read}")
-    if rates.get("compiled", max(rates.values())) < STREAMS_AT * probe_gb_per_s:
+    if rates.get("compiled", max(rates.values())) < STREAMS_AT * read_gb_per_s:
         return head + (": the one-row matmul kernel itself streams its weight below the "
                        "memory's rate")
     return head + (": the kernel alone streams near the memory's rate, so the step's shortfall "

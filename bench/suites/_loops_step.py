@@ -3,10 +3,13 @@ judged against (``scale_decode_mbu_b1``, ``scale_step_rows4_vs_rows1``).
 
 Why in turns: on a shared machine the same eager step (the scale model, one thread, fastest
 of 3 runs of 16 steps, a new process each minute) can move by a large fraction of itself from
-one minute to the next, and the read probe with it. An MBU taken from a step timed in one
-moment and a bandwidth taken in others moves with whichever moment was busier. Taken in
-turns, each round's step and probe are seconds apart, so a busy spell slows both, and the
-ratio of the two from the same round cancels it; the median over rounds is quoted.
+one minute to the next, and the read probe with it. Taken in turns, the probe is read in the
+same minutes as the steps, so the fastest read it finds is one the machine gave while the
+steps ran. Each round's step is held against the run's fastest read (the most any probe of
+the run read; :func:`paired_figures`' ``roof``), the median over rounds quoted: a busy round
+slows its step, and the median sets it aside. A round's own probe is not the roof: a probe
+can read slower than a step of the same round (seen: a fresh buffer read below the weights a
+compiled step streamed), which would put the step above the memory (an MBU over 1).
 """
 from __future__ import annotations
 
@@ -62,15 +65,19 @@ def loops_step_in_turns(model: TinyLlama, prompts: torch.Tensor, n: int, rounds:
             **paired_figures(runs, decode_cost(model, 1, context).bytes)}
 
 
-def paired_figures(runs: dict[str, list[float]], step_bytes: int) -> dict[str, Any]:
+def paired_figures(runs: dict[str, list[float]], step_bytes: int,
+                   roof: float | None = None) -> dict[str, Any]:
     """From :func:`loops_step_in_turns`'s rounds: each path's MBU per round (its step's
-    bytes over that round's probe rate and step time) and their medians, the 4-row step over
-    the 1-row step per round and its median, and each figure's median time."""
+    bytes over ``roof``, the run's fastest read in bytes a second, and the round's step time;
+    default: the fastest of these rounds' probes) and their medians, the 4-row step over the
+    1-row step per round and its median, and each figure's median time."""
+    roof = max(runs["probe"]) if roof is None else roof
+
     def mbu_rounds(path: str) -> list[float]:
-        return [step_bytes / bw / s for s, bw in zip(runs[path], runs["probe"], strict=True)]
+        return [step_bytes / roof / s for s in runs[path]]
     fast, eager = mbu_rounds("fast_1"), mbu_rounds("eager_1")
     rows4 = [a / b for a, b in zip(runs["fast_4"], runs["fast_1"], strict=True)]
-    return {"bytes": step_bytes,
+    return {"bytes": step_bytes, "roof_gb_per_s": roof / 1e9,
             "mbu_fast": statistics.median(fast), "mbu_eager": statistics.median(eager),
             "mbu_fast_rounds": fast, "mbu_eager_rounds": eager,
             "rows4_vs_rows1": statistics.median(rows4), "rows4_vs_rows1_rounds": rows4,

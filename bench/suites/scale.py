@@ -55,8 +55,8 @@ choice is this run's, and the report lists each shape's (``fast_choices``:
 :mod:`._fast_choices`).
 
 Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issues 30 and 37):
-``scale_decode_mbu_b1`` (bytes of the loops' batch-1 fast step / the read probe's rate /
-the step's time, per round, the median of rounds), ``scale_step_rows4_vs_rows1`` (the loops'
+``scale_decode_mbu_b1`` (bytes of the loops' batch-1 fast step / the run's fastest read /
+the step's time, per round, the median of rounds: :func:`run_roof`), ``scale_step_rows4_vs_rows1`` (the loops'
 4-row fast step / its 1-row step, per round, the median), ``scale_fast_vs_eager_b1`` (the
 loops' batch-1 decode step with ``path="fast"`` / with ``path="auto"``, per round, the median;
 issue 50), ``scale_knee_measured_vs_predicted`` (rows where a step
@@ -65,7 +65,7 @@ first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
 decoding, the drafter replayed at the trained pair's a, :data:`TRAINED_A`; the report also
 holds the run at :data:`LOWER_A` and the break-even a), ``scale_spec_measured_vs_predicted``
 (of that fast run), ``scale_engine_mbu_b1``
-(the engine's batch-1 decode step, each round's run against that round's probe, as
+(the engine's batch-1 decode step, each round's run against the run's fastest read, as
 ``scale_decode_mbu_b1``), ``scale_engine_fast_vs_eager_b1`` (the engine's batch-1 decode step
 with ``path="fast"`` / ``path="auto"``, per round, the median),
 ``scale_engine_throughput_4_vs_1``, ``scale_tp2_decode_speedup``,
@@ -115,7 +115,7 @@ from . import _fast_vs_eager
 from ._fast_choices import (batch1, choices_text, engine_choices, fresh_cache, model_choices,
                             unique)
 from ._linear_rows import kernel_sentence, linear_rows, one_row_sentence
-from ._loops_step import loops_step_in_turns
+from ._loops_step import loops_step_in_turns, paired_figures
 from ._prepare_repeat import prepare_repeat
 from ..common import (QUICK_CONFIG, clock, cold_compiles, in_turns, interleaved_seconds,
                       report, table, write_json)
@@ -525,8 +525,8 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
     and 4 rows prepared first (not timed) and one untimed round: the whole run of 1 request
     and of 4 at once (same prompt length and ``max_tokens``), the run of 1 request on the
     same engine with ``path="auto"``, and the read probe, taken in turns for ``rounds``
-    rounds (the fastest run of each kept; each run's median pure-decode step and each
-    round's probe rate, for the MBU per round: see :mod:`._loops_step`; the fast and eager
+    rounds (the fastest run of each kept; each run's median pure-decode step, and each
+    round's probe rate for the run's fastest read, :func:`run_roof`; the fast and eager
     batch-1 steps of the same round for ``scale_engine_fast_vs_eager_b1``); then one
     recorded run of each, whose steps say how much of a run was not pure decode."""
     from tinyserve.engine import Engine, EngineConfig
@@ -587,19 +587,33 @@ def engine_fast(model: TinyLlama, quick: bool, rounds: int) -> dict[str, Any]:
             "prepare_s": {c.label: c.seconds for c in prepared}, "choices": choices}
 
 
-def engine_mbu(model: TinyLlama, e: dict[str, Any]) -> dict[str, Any]:
+def engine_mbu(model: TinyLlama, e: dict[str, Any], roof: float) -> dict[str, Any]:
     """The engine's batch-1 decode step against the bytes a step reads at the run's mean
-    context, per round: each round's run's median pure-decode step against that round's
-    probe (:func:`engine_fast`), the median over rounds quoted, as ``scale_decode_mbu_b1``
-    is for the loops' step."""
+    context, per round: each round's run's median pure-decode step against ``roof``, the
+    run's fastest read in bytes a second (:func:`run_roof`), the median over rounds quoted,
+    as ``scale_decode_mbu_b1`` is for the loops' step."""
     cost = decode_cost(model, 1, e["context"])
     r = e["rounds"]
-    per_round = [mbu(cost, bw * 1e9, ms / 1e3)
-                 for ms, bw in zip(r["one_decode_step_ms"], r["probe_gb_per_s"], strict=True)]
-    bw = statistics.median(r["probe_gb_per_s"])
+    per_round = [mbu(cost, roof, ms / 1e3) for ms in r["one_decode_step_ms"]]
+    probes = r["probe_gb_per_s"]
     return {"bytes": cost.bytes, "mbu": statistics.median(per_round), "mbu_rounds": per_round,
-            "probe_gb_per_s": bw, "decode_step_ms": statistics.median(r["one_decode_step_ms"]),
-            "memory_bound_ms": 1e3 * cost.bytes / (bw * 1e9)}
+            "roof_gb_per_s": roof / 1e9,
+            "probe_gb_per_s": {"median": statistics.median(probes), "min": min(probes),
+                               "max": max(probes)},
+            "decode_step_ms": statistics.median(r["one_decode_step_ms"]),
+            "memory_bound_ms": 1e3 * cost.bytes / roof}
+
+
+def run_roof(m: dict[str, Any]) -> float:
+    """The run's fastest read, bytes a second: the most any read probe of the run gave (the
+    ceilings before and after the sweep, and every round's probe beside the loops' and the
+    engine's steps). Every batch-1 MBU of the report is taken against it: a probe only ever
+    reads slower than the memory can (a busy spell, a fresh buffer), so the fastest is the
+    best estimate of the roof, and a round's slower probe would put a step above it."""
+    reads = [m["bandwidth_gb_per_s"] * 1e9, *m["loops_step"]["rounds"]["probe"]]
+    if "skipped" not in m["engine_fast"]:
+        reads += [r * 1e9 for r in m["engine_fast"]["rounds"]["probe_gb_per_s"]]
+    return max(reads)
 
 
 # --- the suite ----------------------------------------------------------------------------
@@ -683,8 +697,11 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
         m["speculative_fast"] = _part(speculative_at_scale, model, quick, 2 if quick else 3,
                                       True)
         m["engine_fast"] = _part(engine_fast, model, quick, 1 if quick else ENGINE_ROUNDS)
+    roof = run_roof(m)
+    m["loops_step"].update(paired_figures(m["loops_step"]["rounds"], m["loops_step"]["bytes"],
+                                          roof))
     if "skipped" not in m["engine_fast"]:
-        m["engine_fast"]["mbu_b1"] = engine_mbu(model, m["engine_fast"])
+        m["engine_fast"]["mbu_b1"] = engine_mbu(model, m["engine_fast"], roof)
     del model
     gc.collect()
     m["tensor_parallel"] = _part(tensor_parallel, quick, 2 if quick else 5)
@@ -790,7 +807,7 @@ def roofline_figures(model: TinyLlama, sweep: list[dict[str, Any]], context: int
         "matmul_gflop_per_s": flop_rate / 1e9, "ridge_flop_per_byte": flop_rate / bandwidth,
         "weight_bytes": b1_cost.weight_bytes, "context": context, "sweep": sweep,
         # No batch-1 MBU here (issue 52, I7): the report's one MBU per path is the loops'
-        # step against each round's probe (loops_step's mbu_fast and mbu_eager).
+        # step against the run's fastest read (loops_step's mbu_fast and mbu_eager).
         "knee": {"measured_fastest": measured_knee({r: e["fastest_ms"]
                                                     for r, e in by_rows.items()}),
                  "measured_eager": measured_knee({r: e["eager_ms"] for r, e in by_rows.items()}),
@@ -817,7 +834,7 @@ def scale_ratios(m: dict[str, Any]) -> dict[str, float]:
     """The report's ratios from its measurements (a part that was skipped gives none)."""
     v, longc = m["verify_vs_step"], m["long_context"]
     ratios: dict[str, float] = {
-        # the loops' fast step, each round against its own probe (bench/suites/_loops_step)
+        # the loops' fast step against the run's fastest read (bench/suites/_loops_step)
         "scale_decode_mbu_b1": m["loops_step"]["mbu_fast"],
         "scale_step_rows4_vs_rows1": m["loops_step"]["rows4_vs_rows1"],
         # the fastest verify pass over the fastest step, whichever path each
@@ -934,20 +951,20 @@ def loops_step_notes(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
     (:mod:`._loops_step`): the decode MBU and 4 rows against 1."""
     notes: dict[str, str] = {}
     p, sweep = m["loops_step"], {r["rows"]: r for r in m["sweep"]}
-    ms, bw = p["median_ms"], p["probe_gb_per_s"]
+    ms, bw, roof = p["median_ms"], p["probe_gb_per_s"], p["roof_gb_per_s"]
     rounds = len(p["mbu_fast_rounds"])
     if "scale_decode_mbu_b1" in missed:
-        floor = p["bytes"] / (bw["median"] * 1e9) * 1e3
+        floor = p["bytes"] / (roof * 1e9) * 1e3
         notes["scale_decode_mbu_b1"] = (
             f"the loops' batch-1 step (the fast path{_runs(m, 'loops')}) took "
             f"{ms['fast_1']:.1f} ms (median of "
             f"{rounds} rounds; eager {ms['eager_1']:.1f}) for {p['bytes'] / 1e6:.0f} MB, "
-            f"against the probe's {bw['median']:.1f} GB/s (its rounds {bw['min']:.1f} to "
-            f"{bw['max']:.1f}) taken in turns with it: {floor:.1f} ms at that rate, so "
-            f"{ms['fast_1'] - floor:.1f} ms of the step is not reading at the probe's rate "
+            f"against the run's fastest read, {roof:.1f} GB/s (the probe's rounds beside the "
+            f"steps read {bw['min']:.1f} to {bw['max']:.1f}): {floor:.1f} ms at that rate, so "
+            f"{ms['fast_1'] - floor:.1f} ms of the step is not reading at the memory's rate "
             f"(per round: {_spread(p['mbu_fast_rounds'])}; eager's MBU "
             f"{p['mbu_eager']:.2f})" + (
-                f"; {one_row_sentence(m['linear_rows'], bw['median'])}" if "linear_rows" in m
+                f"; {one_row_sentence(m['linear_rows'], roof)}" if "linear_rows" in m
                 else ": attention, norms and activations on the same thread, and matmul "
                      "kernels reading below a long-row matvec's rate (this run does not split "
                      "the two)"))
@@ -1039,12 +1056,12 @@ def explain_parts(m: dict[str, Any], missed: set[str]) -> dict[str, str]:
             f"the engine's batch-1 decode step took {b1['decode_step_ms']:.2f} ms (the median "
             f"over {len(b1['mbu_rounds'])} rounds of each run's median step; per round MBU "
             f"{_spread(b1['mbu_rounds'])}) against {b1['memory_bound_ms']:.2f} ms for its "
-            f"{b1['bytes'] / 1e6:.0f} MB at the probe's {b1['probe_gb_per_s']:.1f} GB/s taken "
-            f"in turns with it; the loops' fast step took {loops:.2f} ms "
+            f"{b1['bytes'] / 1e6:.0f} MB at the run's fastest read, "
+            f"{b1['roof_gb_per_s']:.1f} GB/s; the loops' fast step took {loops:.2f} ms "
             f"({b1['decode_step_ms'] - loops:+.2f} ms: the engine's step is a shape of its "
             f"own, with its paged gather, chosen on its own{_runs(m, 'engine')}; plus the "
             f"host work around it: its inputs' copy into the static buffers, sampling, the "
-            f"read-back)" + (f"; {one_row_sentence(m['linear_rows'], b1['probe_gb_per_s'])}"
+            f"read-back)" + (f"; {one_row_sentence(m['linear_rows'], b1['roof_gb_per_s'])}"
                              if "linear_rows" in m else ""))
     if "scale_engine_throughput_4_vs_1" in missed and "steps" in e:
         one, four = e["steps"]["1"], e["steps"]["4"]
