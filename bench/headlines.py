@@ -303,7 +303,7 @@ def missed_goals(suite: str, ratios: dict[str, float]) -> set[str]:
 
 def goals_table(suite: str, ratios: dict[str, float]) -> str:
     """A run's ratios with their goals and whether each is met, as the suites print them."""
-    from tinyserve.tables import table
+    from tinyserve.tables import table   # here: importing tinyserve imports torch
     rows = []
     for name, value in ratios.items():
         h = headline(suite, name)

@@ -59,7 +59,7 @@ def measurements(**parts: dict) -> dict:
                                          "other_steps_s": 0.01, "step_s": 0.14},
                                    "4": {"decode_step_ms": 5.0, "decode_steps": 31,
                                          "other_steps_s": 0.04, "step_s": 0.2}}},
-         "loops_step": {"rounds": LOOPS_ROUNDS,
+         "loops_step": {"rounds": {k: list(v) for k, v in LOOPS_ROUNDS.items()},
                         **_loops_step.paired_figures(LOOPS_ROUNDS, 6 * 10**7)},
          "tensor_parallel": {"skipped": "one core"},
          "prepare_repeat": {"first_s": 60.0, "second_s": 20.0, "trace_s": 6.0},

@@ -60,7 +60,8 @@ def chapter_0_first_cells(through: str = "[finished:") -> str:
     magics dropped; the hosted install cell included: on the installed copy it does nothing)."""
     nb = json.loads(CHAPTER_0.read_text())
     code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    last = next(i for i, source in enumerate(code) if through in source)
+    last = next((i for i, source in enumerate(code) if through in source), None)
+    assert last is not None, f"no code cell of {CHAPTER_0.name} prints {through!r}"
     cells = code[:last + 1]
     lines = [line for c in cells for line in c.splitlines()
              if not line.lstrip().startswith(("%", "!"))]

@@ -15,11 +15,10 @@ import torch
 from tinyserve import load_model, scale
 from tinyserve.config import ModelConfig, parameter_count
 from tinyserve.generate import decode_step, prefill
-from tinyserve.kv_cache import KVCache
+from tinyserve.kv_cache import KVCache, kv_bytes_per_token, kv_crossover_tokens
 from tinyserve.long_context import (FILL_BLOCK, ContextFit, StepCase, cache_bytes_per_token,
                                     context_steps, fill_cache, fill_random, fit_context_steps,
-                                    kv_bytes_per_token, kv_crossover_tokens, steps_in_turns,
-                                    token_bytes_of)
+                                    steps_in_turns, token_bytes_of)
 from tinyserve.model import TinyLlama
 from tinyserve.quant import Int8KVCache, dequantize_rows
 from tinyserve.workbook import kv_regime

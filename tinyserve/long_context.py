@@ -2,10 +2,11 @@
 
 A batch-1 decode step reads every weight once and every cached key and value of its row once.
 The weights are fixed; the cache grows by ``2 x layers x kv_heads x head_dim`` numbers a token
-(:func:`kv_bytes_per_token`), so past some context the cache, not the weights, is most of what
-a step reads: the *crossover* (:func:`kv_crossover_tokens`), weight bytes over KV bytes a
-token. Past it, the KV reads set a step's time (Sun et al., TriForce, arXiv:2404.11912: the
-weights and the KV cache are decode's two memory bottlenecks, and the KV cache's grows with
+(:func:`~tinyserve.kv_cache.kv_bytes_per_token`), so past some context the cache, not the
+weights, is most of what a step reads: the *crossover*
+(:func:`~tinyserve.kv_cache.kv_crossover_tokens`), weight bytes over KV bytes a token. Past
+it, the KV reads set a step's time (Sun et al., TriForce, arXiv:2404.11912: the weights and
+the KV cache are decode's two memory bottlenecks, and the KV cache's grows with
 the context). The two levers the course teaches cut that term: fewer KV heads (multi-query
 and grouped-query attention; Pope et al., arXiv:2211.05102: multi-query attention's smaller
 cache allowed up to 32x longer contexts) and fewer bytes a number (an int8 KV cache, which
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor
 
 from .config import ModelConfig
-from .kv_cache import KVCache, kv_bytes_per_token, kv_crossover_tokens  # noqa: F401 - chapter 6b and the bench import them here
+from .kv_cache import KVCache
 
 #: Tokens a block of random keys covers; longer caches repeat it (writing is a copy, where
 #: drawing 50k tokens' worth of random numbers would cost seconds on one thread).

@@ -8,8 +8,9 @@ same minutes as the steps, so the fastest read it finds is one the machine gave 
 steps ran. Each round's step is held against the run's fastest read (the most any probe of
 the run read; :func:`paired_figures`' ``roof``), the median over rounds quoted: a busy round
 slows its step, and the median sets it aside. A round's own probe is not the roof: a probe
-can read slower than a step of the same round (seen: a fresh buffer read below the weights a
-compiled step streamed), which would put the step above the memory (an MBU over 1).
+can read slower than a step of the same round (seen in a run of this suite: the engine's
+compiled step streamed its weights faster than the probe beside it read its buffer, in every
+round), which would put the step above the memory (an MBU over 1).
 """
 from __future__ import annotations
 

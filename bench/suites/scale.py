@@ -56,11 +56,11 @@ choice is this run's, and the report lists each shape's (``fast_choices``:
 
 Ratios (``ratios`` in the report; goals in :mod:`bench.headlines`, from issues 30 and 37):
 ``scale_decode_mbu_b1`` (bytes of the loops' batch-1 fast step / the run's fastest read /
-the step's time, per round, the median of rounds: :func:`run_roof`), ``scale_step_rows4_vs_rows1`` (the loops'
-4-row fast step / its 1-row step, per round, the median), ``scale_fast_vs_eager_b1`` (the
-loops' batch-1 decode step with ``path="fast"`` / with ``path="auto"``, per round, the median;
-issue 50), ``scale_knee_measured_vs_predicted`` (rows where a step
-first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
+the step's time, per round, the median of rounds: :func:`run_roof`),
+``scale_step_rows4_vs_rows1`` (the loops' 4-row fast step / its 1-row step, per round, the
+median), ``scale_fast_vs_eager_b1`` (the loops' batch-1 decode step with ``path="fast"`` /
+with ``path="auto"``, per round, the median; issue 50), ``scale_knee_measured_vs_predicted``
+(rows where a step first costs 1.5x one row, measured / roofline), ``scale_int8_decode_speedup``,
 ``scale_verify_k4_vs_step``, ``scale_spec_speedup_fast`` (fast speculative over fast plain
 decoding, the drafter replayed at the trained pair's a, :data:`TRAINED_A`; the report also
 holds the run at :data:`LOWER_A` and the break-even a), ``scale_spec_measured_vs_predicted``
@@ -608,8 +608,10 @@ def run_roof(m: dict[str, Any]) -> float:
     """The run's fastest read, bytes a second: the most any read probe of the run gave (the
     ceilings before and after the sweep, and every round's probe beside the loops' and the
     engine's steps). Every batch-1 MBU of the report is taken against it: a probe only ever
-    reads slower than the memory can (a busy spell, a fresh buffer), so the fastest is the
-    best estimate of the roof, and a round's slower probe would put a step above it."""
+    reads as fast as the memory can or slower, so the fastest is the best estimate of the
+    roof, and a round's slower probe would put a step above it. (The notes' other rates, the
+    sweep's and int8's, are against the ceilings', ``bandwidth_gb_per_s``: measured around
+    the sweep, at most this.)"""
     reads = [m["bandwidth_gb_per_s"] * 1e9, *m["loops_step"]["rounds"]["probe"]]
     if "skipped" not in m["engine_fast"]:
         reads += [r * 1e9 for r in m["engine_fast"]["rounds"]["probe_gb_per_s"]]
@@ -697,6 +699,8 @@ def _run(json_path: str | None, quick: bool) -> dict[str, Any]:
         m["speculative_fast"] = _part(speculative_at_scale, model, quick, 2 if quick else 3,
                                       True)
         m["engine_fast"] = _part(engine_fast, model, quick, 1 if quick else ENGINE_ROUNDS)
+    # The loops' MBUs again, now against the whole run's fastest read (loops_step_in_turns
+    # took them against its own rounds' probes: all it had then).
     roof = run_roof(m)
     m["loops_step"].update(paired_figures(m["loops_step"]["rounds"], m["loops_step"]["bytes"],
                                           roof))

@@ -2,7 +2,7 @@
 
 The model is ``load_model("bandwidth-long")`` (:mod:`tinyserve.scale`): the bandwidth target,
 the same seeded weights, with a window past 2.5x its crossover context (weight bytes over KV
-bytes a token, :func:`tinyserve.long_context.kv_crossover_tokens`). A cache of 50k tokens is
+bytes a token, :func:`tinyserve.kv_cache.kv_crossover_tokens`). A cache of 50k tokens is
 filled directly (:func:`tinyserve.long_context.fill_random`), not by a prefill; the steps at
 every context run in turns (:func:`tinyserve.long_context.steps_in_turns`), the fastest run of
 each kept, and a line ``time = fixed + context x per_token`` is fitted through them
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from tinyserve.device import default_device, default_dtype
-from tinyserve.long_context import (context_steps, fit_context_steps, kv_bytes_per_token,
-                                    kv_crossover_tokens)
+from tinyserve.kv_cache import kv_bytes_per_token, kv_crossover_tokens
+from tinyserve.long_context import context_steps, fit_context_steps
 from tinyserve.model import TinyLlama
 from tinyserve.quant import weight_bytes
 from tinyserve.roofline import ReadBandwidth, read_bandwidth

@@ -44,7 +44,6 @@ CHOICE_RUNS = 5
 CHOICES_FILE = "step_choices.json"
 
 
-
 def read_kept(path: Path | None) -> dict[str, Any]:
     """The JSON object kept at ``path``; ``{}`` where there is none, or it is unreadable or not
     an object (a kept file is a saving, never a reason to fail)."""
@@ -55,6 +54,7 @@ def read_kept(path: Path | None) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return kept if isinstance(kept, dict) else {}
+
 
 @dataclass(frozen=True)
 class StepChoice:

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from ..kv_cache import KVCache
-from ..long_context import (ContextFit, StepCase, kv_bytes_per_token, prepared_cache,
-                            steps_in_turns, token_bytes_of)
+from ..kv_cache import KVCache, kv_bytes_per_token
+from ..long_context import ContextFit, StepCase, prepared_cache, steps_in_turns, token_bytes_of
 
 #: A context short enough that its KV reads are a rounding error: the step's weights alone.
 SHORT = 64
